@@ -1,0 +1,1 @@
+import { x } from "./core/x.ts"; console.log(x);
