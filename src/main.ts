@@ -1,1 +1,53 @@
-import { x } from "./core/x.ts"; console.log(x);
+// The `sarsen` command. With no sub-command it serves (`sarsen serve`).
+import { readEnvironment, parseCommandLine, ConfigError } from './config/config.ts';
+import { SettingError } from './config/settings.ts';
+import { openDatabase } from './cli/database.ts';
+import { serve } from './cli/serve.ts';
+import { settingsCommand } from './cli/settings.ts';
+import { createPool } from './db/pool.ts';
+import { migrate } from './db/migrate.ts';
+import { logger, errorFields } from './log.ts';
+
+const USAGE = `usage:
+  sarsen [serve] [--role api|executor|both] [--credential-passthrough] [--port N] [--host H]
+  sarsen migrate
+  sarsen settings get [NAME]
+  sarsen settings set NAME VALUE
+environment: CTX_DATABASE_HOST, CTX_DATABASE_PORT, CTX_DATABASE_USER, CTX_DATABASE_NAME,
+             CTX_SECRETS_DIR, CTX_DATA_DIR (see .env.example)`;
+
+const out = (line: string) => process.stdout.write(line + '\n');
+
+async function main(argv: string[]): Promise<number> {
+  const env = readEnvironment();
+  const { command, serve: serveOptions } = parseCommandLine(argv, env.database === null);
+  const [name, ...args] = command;
+  if (name === 'help') {
+    out(USAGE);
+    return 0;
+  }
+  if (!['serve', 'migrate', 'settings'].includes(name!)) throw new ConfigError(`Unknown command ${JSON.stringify(name)}.\n${USAGE}`);
+  const db = await openDatabase(env);
+  try {
+    if (name === 'serve') await serve(db, serveOptions);
+    else if (name === 'migrate') {
+      const pool = createPool(db.conn, { max: 2, name: 'sarsen-cli' });
+      await migrate(db.conn, pool).finally(() => pool.end());
+      out('migrations applied');
+    } else await settingsCommand(db, args, out);
+  } finally {
+    await db.close();
+  }
+  return 0;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err) => {
+    if (err instanceof ConfigError || err instanceof SettingError) process.stderr.write(`sarsen: ${err.message}\n`);
+    else logger.error('sarsen failed', errorFields(err));
+    process.exitCode = 1;
+  },
+);

