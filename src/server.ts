@@ -10,6 +10,9 @@ import { createBus, type Bus } from './bus/bus.ts';
 import { createSettingsCache, type SettingsCache } from './config/settings.ts';
 import { createApp } from './http/app.ts';
 import { logger, errorFields } from './log.ts';
+import { createKeyring } from './core/sealing.ts';
+import type { Deps } from './deps.ts';
+import { apiRouters } from './http/routes.ts';
 
 export type SarsenOptions = Readonly<{
   conn: ConnectionConfig;
@@ -41,7 +44,16 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const settings = await createSettingsCache(pool, bus);
     cleanups.push(() => settings.close());
 
+    const deps: Deps = Object.freeze({
+      pool,
+      bus,
+      settings,
+      secrets: opts.secrets,
+      serve: opts.serve,
+      keyring: createKeyring([{ version: 1, secret: opts.secrets.credentialKey }]),
+    });
     const app = createApp({
+      routers: opts.serve.role === 'executor' ? [] : apiRouters(deps),
       ready: async () => {
         await pool.query('SELECT 1');
         return migrationsApplied(pool);

@@ -1,0 +1,119 @@
+// Which caller headers reach the provider, and the header set of an upstream call
+// (SPEC Authentication 6, Versioning 2-3; DESIGN 1 vendor facts, 4 re-route ceiling).
+//
+// Forwarded: every header named `anthropic-*` (an open list, so new provider
+// capabilities work without a change here) except `anthropic-version`, which
+// Sarsen sets itself; and `openai-beta`, `openai-organization`, `openai-project`.
+// Both groups are forwarded whatever the backend's dialect: SPEC names one list,
+// not one per dialect, and an aggregator (chat dialect) may serve messages-family
+// models that read `anthropic-beta`. Everything else stays behind: credentials
+// (`authorization`, `x-api-key`, `x-sarsen-key`), `last-event-id`, cookies,
+// session and agent ids, hop-by-hop and framing headers, `x-sarsen-hops`.
+//
+// A forwarded value longer than 4,096 bytes, or holding a control character
+// (0x00-0x1F, tab included, or 0x7F), is dropped whole: a truncated value could
+// silently change meaning.
+import type { Dialect } from './tokens.ts';
+
+export const ANTHROPIC_VERSION = '2023-06-01';
+export const MAX_FORWARDED_VALUE_BYTES = 4096;
+export const HOPS_HEADER = 'x-sarsen-hops';
+
+const VENDOR_PREFIX = 'anthropic-';
+const CHAT_VENDOR_HEADERS: ReadonlySet<string> = new Set(['openai-beta', 'openai-organization', 'openai-project']);
+const CONTROL_CHAR = /[\x00-\x1f\x7f]/;
+
+/** Whether a header (by lower-cased name) is one the provider may receive from the caller. */
+export function isForwardableName(lowerName: string): boolean {
+  if (CHAT_VENDOR_HEADERS.has(lowerName)) return true;
+  return lowerName.startsWith(VENDOR_PREFIX) && lowerName !== 'anthropic-version';
+}
+
+/** Whether a header value may be sent on: at most 4,096 UTF-8 bytes and no control character. */
+export function isForwardableValue(value: string): boolean {
+  // value.length <= 4096 is checked first only to skip the byte count on huge values.
+  if (value.length > MAX_FORWARDED_VALUE_BYTES) return false;
+  return Buffer.byteLength(value, 'utf8') <= MAX_FORWARDED_VALUE_BYTES && !CONTROL_CHAR.test(value);
+}
+
+/**
+ * The caller's headers to pass to the provider, from node's `req.rawHeaders`
+ * (name, value, name, value...). Names are lower-cased; repeated headers are
+ * kept, in arrival order. `dialect` does not change the answer (see above); it
+ * is taken so a per-dialect rule can be added without touching callers.
+ */
+export function forwardableHeaders(dialect: Dialect, rawHeaders: readonly string[]): [string, string][] {
+  void dialect;
+  const out: [string, string][] = [];
+  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i].toLowerCase();
+    const value = rawHeaders[i + 1];
+    if (isForwardableName(name) && isForwardableValue(value)) out.push([name, value]);
+  }
+  return out;
+}
+
+export type UpstreamHeaderOptions = {
+  /** The backend's (or the caller's, for caller-credential backends) provider credential; null sends none. */
+  credential: string | null;
+  /** Output of forwardableHeaders. */
+  forwarded: readonly [string, string][];
+  /** The value to send: the arriving request's hops plus one. */
+  hops: number;
+  /** Byte length of the body that will be sent. */
+  contentLength: number;
+  /** `text/event-stream` for a streaming call, `application/json` otherwise. */
+  accept: string;
+};
+
+/**
+ * The header set of one upstream call. Sarsen's own headers come first and a
+ * forwarded header can never replace one of them; repeated forwarded headers
+ * are joined with ", " (the HTTP list form, which `anthropic-beta` uses).
+ */
+export function upstreamHeaders(dialect: Dialect, opts: UpstreamHeaderOptions): Record<string, string> {
+  const headers: Record<string, string> = {
+    'content-type': 'application/json',
+    accept: opts.accept,
+    'content-length': String(opts.contentLength),
+  };
+  if (opts.credential !== null) {
+    if (dialect === 'chat') headers.authorization = `Bearer ${opts.credential}`;
+    else headers['x-api-key'] = opts.credential;
+  }
+  if (dialect === 'messages') headers['anthropic-version'] = ANTHROPIC_VERSION;
+  headers[HOPS_HEADER] = String(opts.hops);
+
+  const own = new Set(Object.keys(headers));
+  const extra = new Map<string, string>();
+  for (const [rawName, value] of opts.forwarded) {
+    const name = rawName.toLowerCase();
+    // Re-checked: `forwarded` may have been stored and read back, not fresh from forwardableHeaders.
+    if (own.has(name) || !isForwardableName(name) || !isForwardableValue(value)) continue;
+    const before = extra.get(name);
+    extra.set(name, before === undefined ? value : `${before}, ${value}`);
+  }
+  for (const [name, value] of extra) headers[name] = value;
+  return headers;
+}
+
+/**
+ * The re-route depth an arriving request carries in `x-sarsen-hops`. Missing,
+ * empty or unreadable → 0: only Sarsen writes this header, so a value it cannot
+ * read did not come from a Sarsen. When the header arrived more than once
+ * (node joins repeats with ", ", or passes an array) the deepest readable value
+ * counts, so a duplicated header cannot hide a loop. Digits only: no sign,
+ * decimal point or exponent. An absurdly large value reads as
+ * Number.MAX_SAFE_INTEGER, which is over any ceiling.
+ */
+export function parseHops(value: string | readonly string[] | undefined): number {
+  if (value === undefined) return 0;
+  const parts = (typeof value === 'string' ? [value] : value).flatMap((v) => v.split(','));
+  let hops = 0;
+  for (const part of parts) {
+    const text = part.trim();
+    if (!/^[0-9]+$/.test(text)) continue;
+    hops = Math.max(hops, Math.min(Number(text), Number.MAX_SAFE_INTEGER));
+  }
+  return hops;
+}

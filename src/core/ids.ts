@@ -1,0 +1,131 @@
+// Prefixed, sortable identifiers: `${prefix}_${ulid}` (DESIGN.md "Identifiers and formats").
+// A ULID is 26 Crockford base32 characters: 10 for a 48-bit millisecond timestamp,
+// 16 for 80 random bits. Within one millisecond the random part is incremented
+// instead of redrawn, so ids made by one process sort in creation order.
+import { randomBytes } from 'node:crypto';
+
+export type IdPrefix = 'req' | 'bk' | 'rule' | 'key' | 'usr' | 'ns' | 'ten' | 'ses';
+
+const CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+const TIME_LEN = 10;
+const RANDOM_LEN = 16;
+const ULID_LEN = TIME_LEN + RANDOM_LEN;
+const MAX_TIME = 2 ** 48 - 1;
+const PREFIX_RE = /^[a-z][a-z0-9]{0,15}$/;
+const ULID_RE = /^[0-7][0-9A-HJKMNP-TV-Z]{25}$/;
+
+export type IdGenerator = (prefix: IdPrefix | (string & {})) => string;
+
+function encodeTime(ms: number): string {
+  let out = '';
+  let t = ms;
+  for (let i = 0; i < TIME_LEN; i++) {
+    out = CROCKFORD[t % 32] + out;
+    t = Math.floor(t / 32);
+  }
+  return out;
+}
+
+function freshRandomDigits(): number[] {
+  const bytes = randomBytes(10);
+  const digits: number[] = [];
+  // 80 bits split into sixteen 5-bit digits, most significant first.
+  let acc = 0;
+  let bits = 0;
+  for (const b of bytes) {
+    acc = (acc << 8) | b;
+    bits += 8;
+    while (bits >= 5) {
+      bits -= 5;
+      digits.push((acc >> bits) & 31);
+    }
+    acc &= (1 << bits) - 1;
+  }
+  return digits;
+}
+
+// Returns false when the 80-bit counter wrapped (2^80 ids in one millisecond: never in practice).
+function incrementDigits(digits: number[]): boolean {
+  for (let i = digits.length - 1; i >= 0; i--) {
+    if (digits[i] < 31) {
+      digits[i]++;
+      return true;
+    }
+    digits[i] = 0;
+  }
+  return false;
+}
+
+/**
+ * A generator with its own monotonic state. `now` is injectable for tests.
+ * A clock that steps backwards keeps using the last timestamp, so order survives it.
+ */
+export function createIdGenerator(now: () => number = Date.now): IdGenerator {
+  let lastTime = -1;
+  let lastDigits: number[] = [];
+  return (prefix) => {
+    if (!PREFIX_RE.test(prefix)) throw new TypeError(`invalid id prefix: ${JSON.stringify(prefix)}`);
+    let time = Math.floor(now());
+    if (!Number.isSafeInteger(time) || time < 0 || time > MAX_TIME) throw new RangeError('clock out of ULID range');
+    if (time <= lastTime) {
+      time = lastTime;
+      if (!incrementDigits(lastDigits)) {
+        time = lastTime + 1;
+        lastDigits = freshRandomDigits();
+      }
+    } else {
+      lastDigits = freshRandomDigits();
+    }
+    lastTime = time;
+    return `${prefix}_${encodeTime(time)}${lastDigits.map((d) => CROCKFORD[d]).join('')}`;
+  };
+}
+
+const defaultGenerator = createIdGenerator();
+
+/** A new id such as `req_01J9Z3...`; ids from this process sort in creation order. */
+export function newId(prefix: IdPrefix | (string & {})): string {
+  return defaultGenerator(prefix);
+}
+
+function ulidPart(id: string): string | null {
+  const sep = id.lastIndexOf('_');
+  const prefix = id.slice(0, sep);
+  const ulid = id.slice(sep + 1);
+  if (sep < 0 || !PREFIX_RE.test(prefix) || ulid.length !== ULID_LEN || !ULID_RE.test(ulid)) return null;
+  return ulid;
+}
+
+/** True when `id` is a well-formed id, with the given prefix when one is named. */
+export function isId(id: unknown, prefix?: IdPrefix | (string & {})): id is string {
+  if (typeof id !== 'string' || id.length > 64) return false;
+  if (ulidPart(id) === null) return false;
+  return prefix === undefined || id.startsWith(`${prefix}_`);
+}
+
+/** Creation time of an id in epoch milliseconds. Throws on a malformed id. */
+export function idTime(id: string): number {
+  const ulid = ulidPart(id);
+  if (ulid === null) throw new TypeError(`not a Sarsen id: ${JSON.stringify(id.slice(0, 80))}`);
+  let ms = 0;
+  for (let i = 0; i < TIME_LEN; i++) ms = ms * 32 + CROCKFORD.indexOf(ulid[i]);
+  return ms;
+}
+
+/**
+ * `length` characters drawn uniformly from `alphabet` with the CSPRNG. Bytes at or above
+ * the largest multiple of the alphabet size are rejected, so no character is favoured.
+ */
+export function randomChars(alphabet: string, length: number): string {
+  const n = alphabet.length;
+  if (n < 2 || n > 256) throw new RangeError('alphabet must have 2..256 characters');
+  const limit = 256 - (256 % n);
+  let out = '';
+  while (out.length < length) {
+    for (const b of randomBytes(Math.max(16, (length - out.length) * 2))) {
+      if (b < limit) out += alphabet[b % n];
+      if (out.length === length) break;
+    }
+  }
+  return out;
+}

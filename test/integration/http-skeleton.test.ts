@@ -1,0 +1,29 @@
+import { expect } from 'chai';
+import { startTestServer, type TestServer } from '../support/server.ts';
+
+describe('HTTP skeleton', () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startTestServer();
+  });
+  after(async () => {
+    await server?.close();
+  });
+
+  it('answers /healthz and /readyz', async () => {
+    const health = await fetch(`${server.url}/healthz`);
+    expect(health.status).to.equal(200);
+    const ready = await fetch(`${server.url}/readyz`);
+    expect(ready.status).to.equal(200);
+    expect(await ready.json()).to.deep.equal({ status: 'ready' });
+  });
+
+  it('answers unknown routes 404 in the envelope', async () => {
+    const res = await fetch(`${server.url}/nope/nothing`);
+    expect(res.status).to.equal(404);
+    expect(res.headers.get('content-type')).to.match(/^application\/json/);
+    const body = await res.json();
+    expect(body.error.code).to.equal('not_found');
+    expect(body.error.message).to.be.a('string');
+  });
+});
