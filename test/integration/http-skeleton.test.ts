@@ -22,7 +22,7 @@ describe('HTTP skeleton', () => {
     const res = await fetch(`${server.url}/nope/nothing`);
     expect(res.status).to.equal(404);
     expect(res.headers.get('content-type')).to.match(/^application\/json/);
-    const body = await res.json();
+    const body = (await res.json()) as { error: { code: string; message: string } };
     expect(body.error.code).to.equal('not_found');
     expect(body.error.message).to.be.a('string');
   });
