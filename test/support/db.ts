@@ -155,6 +155,21 @@ export async function createTestDatabase(settings: Partial<Settings> = {}): Prom
   };
 }
 
+/** A new database with nothing in it (for tests of migrating from scratch). */
+export async function createEmptyDatabase(): Promise<TestDatabase> {
+  const name = `sarsen_e_${RUN}_${++counter}`;
+  await adminQuery(`CREATE DATABASE ${name}`);
+  const release = track('database', name);
+  return {
+    conn: { ...(await dbServer()).admin, database: name },
+    name,
+    drop: async () => {
+      await adminQuery(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      release();
+    },
+  };
+}
+
 /** A pool on a test database that the leak guard watches. */
 export function testPool(conn: ConnectionConfig, max = 4): pg.Pool & { release: () => void } {
   const pool = createPool(conn, { max, name: 'sarsen-test' });
