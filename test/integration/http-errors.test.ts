@@ -207,4 +207,22 @@ describe('HTTP errors and bodies', () => {
     expect(res.status).to.equal(400);
     expect(JSON.parse(res.body).error.code).to.equal('bad_request');
   });
+
+  it('never logs a request body, on any path that reads one', async () => {
+    const MARKER = 'prompt-marker-7f3a9c';
+    const lines: string[] = [];
+    const remove = addLogSink((l) => lines.push(l));
+    try {
+      const json = { 'content-type': 'application/json' };
+      await request(`${url}/document`, { headers: json, body: `{"messages":"${MARKER}"}` });
+      await request(`${url}/document`, { headers: json, body: `{"messages":"${MARKER}"` });
+      await request(`${url}/document`, { headers: { 'content-type': 'text/plain' }, body: MARKER });
+      await request(`${url}/echo-size`, { headers: json, body: `"${MARKER}${' '.repeat(MAX_SUBMISSION_BYTES)}"` });
+      await request(`${url}/boom`, { method: 'GET', headers: { 'x-prompt': MARKER } });
+    } finally {
+      remove();
+    }
+    expect(lines.length).to.be.greaterThan(0); // the 500 was logged, so the sink did capture
+    expect(lines.join('\n')).to.not.include(MARKER);
+  });
 });

@@ -27,3 +27,24 @@ describe('HTTP skeleton', () => {
     expect(body.error.message).to.be.a('string');
   });
 });
+
+describe('startup logging', () => {
+  it('never logs a key secret's content while starting and stopping', async () => {
+    const { addLogSink } = await import('../../src/log.ts');
+    const lines: string[] = [];
+    const remove = addLogSink((l) => lines.push(l));
+    let server: TestServer | undefined;
+    try {
+      server = await startTestServer();
+      await fetch(`${server.url}/readyz`);
+    } finally {
+      await server?.close();
+      remove();
+    }
+    const text = lines.join('\n');
+    expect(text).to.include('sarsen listening');
+    for (const secret of [server!.secrets.credentialKey, server!.secrets.apiKeyHashKey]) {
+      for (const encoding of ['hex', 'base64', 'base64url', 'latin1'] as const) expect(text).to.not.include(secret.toString(encoding));
+    }
+  });
+});
