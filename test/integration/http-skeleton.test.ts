@@ -29,7 +29,7 @@ describe('HTTP skeleton', () => {
 });
 
 describe('startup logging', () => {
-  it('never logs a key secret's content while starting and stopping', async () => {
+  it('never logs the content of a key secret while starting and stopping', async () => {
     const { addLogSink } = await import('../../src/log.ts');
     const lines: string[] = [];
     const remove = addLogSink((l) => lines.push(l));
