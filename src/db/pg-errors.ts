@@ -1,0 +1,17 @@
+// PostgreSQL error classes the application turns into answers (SQLSTATE codes).
+
+function sqlState(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' ? code : undefined;
+}
+
+/** A unique constraint refused the write (a duplicate name, a prefix collision). */
+export function isUniqueViolation(err: unknown, constraint?: string): boolean {
+  if (sqlState(err) !== '23505') return false;
+  return constraint === undefined || (err as { constraint?: unknown }).constraint === constraint;
+}
+
+/** A foreign key refused the write (a row still referenced, or a reference to nothing). */
+export function isForeignKeyViolation(err: unknown): boolean {
+  return sqlState(err) === '23503';
+}
