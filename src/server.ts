@@ -52,8 +52,10 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
       serve: opts.serve,
       keyring: createKeyring([{ version: 1, secret: opts.secrets.credentialKey }]),
     });
+    const api = opts.serve.role === 'executor' ? { routers: [], close: async () => {} } : apiRouters(deps);
+    cleanups.push(() => api.close());
     const app = createApp({
-      routers: opts.serve.role === 'executor' ? [] : apiRouters(deps),
+      routers: api.routers,
       ready: async () => {
         await pool.query('SELECT 1');
         return migrationsApplied(pool);

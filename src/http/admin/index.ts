@@ -1,0 +1,23 @@
+// The administration routes under /{tenancy}/v1/... (DESIGN.md "Control plane"). Each route
+// carries its own session check, so unknown paths still fall through to the 404 handler.
+import express, { type Router } from 'express';
+import type { Deps } from '../../deps.ts';
+import { sessionRoutes } from './console-auth.ts';
+import { tenancyRoutes } from './tenancy.ts';
+import { namespaceRoutes } from './namespaces.ts';
+import { backendRoutes } from './backends.ts';
+import { routingRuleRoutes } from './routing-rules.ts';
+import { apiKeyRoutes } from './api-keys.ts';
+import { userRoutes } from './users.ts';
+
+export function adminRouter(deps: Deps): Router {
+  const router = express.Router();
+  sessionRoutes(deps, router);
+  tenancyRoutes(deps, router);
+  namespaceRoutes(deps, router);
+  backendRoutes(deps, router);
+  routingRuleRoutes(deps, router);
+  apiKeyRoutes(deps, router);
+  userRoutes(deps, router);
+  return router;
+}

@@ -1,0 +1,133 @@
+// /{tenancy}/v1/namespaces/{ns}/routing-rules (viewers read, admins write). A rule routes
+// (to a backend of the same namespace, optionally rewriting the model) or declines.
+import { z } from 'zod';
+import type { Router } from 'express';
+import type { Deps } from '../../deps.ts';
+import { ServiceError } from '../errors.ts';
+import { newId } from '../../core/ids.ts';
+import { withTransaction, type PoolClient } from '../../db/pool.ts';
+import { findBackend } from '../../db/backends.ts';
+import { insertRule, findRule, listRules, updateRule, deleteRule, type RuleRow, type RuleFields } from '../../db/routing-rules.ts';
+import { isForeignKeyViolation } from '../../db/pg-errors.ts';
+import { routingChanged } from '../../control/resolve-model.ts';
+import { consoleAuth } from './console-auth.ts';
+import { namespaceParam, namespaceOf } from './namespaces.ts';
+import { readPayload, text, isoTime } from './validate.ts';
+
+const PRIORITY_LIMIT = 1_000_000;
+const priority = z.number().int('must be an integer').min(-PRIORITY_LIMIT).max(PRIORITY_LIMIT);
+const action = z.enum(['route', 'decline']);
+const model = text(256);
+
+const createSchema = z.strictObject({
+  model,
+  backend_id: z.string().max(64).nullable().optional(),
+  rewrite_model: model.nullable().optional(),
+  priority: priority.optional(),
+  action: action.optional(),
+});
+
+const patchSchema = z.strictObject({
+  model: model.optional(),
+  backend_id: z.string().max(64).nullable().optional(),
+  rewrite_model: model.nullable().optional(),
+  priority: priority.optional(),
+  action: action.optional(),
+});
+
+function ruleView(r: RuleRow) {
+  return {
+    rule_id: r.id,
+    model: r.model,
+    backend_id: r.backend_id,
+    rewrite_model: r.rewrite_model,
+    priority: r.priority,
+    action: r.action,
+    created_at: isoTime(r.created_at),
+  };
+}
+
+/** The rule's shape rules: a route names a backend of this namespace; a decline names neither. */
+async function checkedRule(tx: PoolClient, namespaceId: string, r: RuleFields): Promise<RuleFields> {
+  if (r.action === 'decline') {
+    if (r.backend_id !== null) throw new ServiceError('bad_request', 'backend_id: a declining rule routes nowhere; leave it out');
+    if (r.rewrite_model !== null) throw new ServiceError('bad_request', 'rewrite_model: a declining rule rewrites nothing; leave it out');
+    return r;
+  }
+  if (r.backend_id === null) throw new ServiceError('bad_request', 'backend_id: required when action is "route"');
+  if ((await findBackend(tx, namespaceId, r.backend_id)) === null) {
+    throw new ServiceError('not_found', `No backend ${JSON.stringify(r.backend_id)} in this namespace.`);
+  }
+  return r;
+}
+
+const missing = () => new ServiceError('not_found', 'No such routing rule in this namespace.');
+
+// A backend deleted between the check and the write.
+function backendGone(err: unknown): never {
+  if (isForeignKeyViolation(err)) throw new ServiceError('not_found', 'The backend this rule names no longer exists.');
+  throw err;
+}
+
+export function routingRuleRoutes(deps: Deps, router: Router): void {
+  const base = '/:tenancy/v1/namespaces/:ns/routing-rules';
+  const one = `${base}/:rule_id`;
+
+  router.get(base, consoleAuth(deps, 'viewer'), namespaceParam(deps), async (_req, res) => {
+    res.json({ data: (await listRules(deps.pool, namespaceOf(res).id)).map(ruleView) });
+  });
+
+  router.post(base, consoleAuth(deps, 'admin'), namespaceParam(deps), async (req, res) => {
+    const body = await readPayload(req, createSchema);
+    const ns = namespaceOf(res);
+    const rule = await withTransaction(deps.pool, async (tx) => {
+      const fields = await checkedRule(tx, ns.id, {
+        model: body.model,
+        backend_id: body.backend_id ?? null,
+        rewrite_model: body.rewrite_model ?? null,
+        priority: body.priority ?? 0,
+        action: body.action ?? 'route',
+      });
+      return insertRule(tx, { id: newId('rule'), namespace_id: ns.id, ...fields });
+    }).catch(backendGone);
+    routingChanged(deps, ns.id);
+    res.status(201).json(ruleView(rule));
+  });
+
+  router.get(one, consoleAuth(deps, 'viewer'), namespaceParam(deps), async (req, res) => {
+    const r = await findRule(deps.pool, namespaceOf(res).id, String(req.params.rule_id));
+    if (r === null) throw missing();
+    res.json(ruleView(r));
+  });
+
+  router.patch(one, consoleAuth(deps, 'admin'), namespaceParam(deps), async (req, res) => {
+    const patch = await readPayload(req, patchSchema);
+    const ns = namespaceOf(res);
+    const id = String(req.params.rule_id);
+    const rule = await withTransaction(deps.pool, async (tx) => {
+      const cur = await findRule(tx, ns.id, id, true);
+      if (cur === null) throw missing();
+      const nextAction = patch.action ?? cur.action;
+      // Turning a rule into a decline lets go of its backend and rewrite unless told otherwise.
+      const declining = patch.action === 'decline';
+      const fields = await checkedRule(tx, ns.id, {
+        model: patch.model ?? cur.model,
+        backend_id: patch.backend_id !== undefined ? patch.backend_id : declining ? null : cur.backend_id,
+        rewrite_model: patch.rewrite_model !== undefined ? patch.rewrite_model : declining ? null : cur.rewrite_model,
+        priority: patch.priority ?? cur.priority,
+        action: nextAction,
+      });
+      return updateRule(tx, ns.id, id, fields);
+    }).catch(backendGone);
+    if (rule === null) throw missing();
+    routingChanged(deps, ns.id);
+    res.json(ruleView(rule));
+  });
+
+  router.delete(one, consoleAuth(deps, 'admin'), namespaceParam(deps), async (req, res) => {
+    const ns = namespaceOf(res);
+    if (!(await deleteRule(deps.pool, ns.id, String(req.params.rule_id)))) throw missing();
+    routingChanged(deps, ns.id);
+    res.status(204).end();
+  });
+}

@@ -1,0 +1,44 @@
+// GET/PATCH /{tenancy}/v1/tenancy (owner): the tenancy's display name and retention horizon.
+import { z } from 'zod';
+import type { Router } from 'express';
+import type { Deps } from '../../deps.ts';
+import { ServiceError } from '../errors.ts';
+import { findTenancy, updateTenancy, type TenancyRow } from '../../db/tenancies.ts';
+import { effectiveRetentionMinutes } from '../../core/retention.ts';
+import { consoleAuth, consoleOf } from './console-auth.ts';
+import { readPayload, text, retentionMinutes, isoTime } from './validate.ts';
+
+const patchSchema = z.strictObject({
+  display_name: text(200).optional(),
+  retention_minutes: retentionMinutes.optional(),
+});
+
+function tenancyView(deps: Deps, t: TenancyRow) {
+  return {
+    tenancy_id: t.id,
+    slug: t.slug,
+    display_name: t.display_name,
+    retention_minutes: t.retention_minutes,
+    // What a namespace that names no horizon of its own gets.
+    effective_retention_minutes: effectiveRetentionMinutes({
+      namespaceMinutes: null,
+      tenancyMinutes: t.retention_minutes,
+      metadataHorizonMinutes: deps.settings.current().metadata_horizon_minutes,
+    }),
+    created_at: isoTime(t.created_at),
+  };
+}
+
+export function tenancyRoutes(deps: Deps, router: Router): void {
+  router.get('/:tenancy/v1/tenancy', consoleAuth(deps, 'owner'), async (_req, res) => {
+    const t = await findTenancy(deps.pool, consoleOf(res).user.tenancy_id);
+    if (t === null) throw new ServiceError('not_found');
+    res.json(tenancyView(deps, t));
+  });
+  router.patch('/:tenancy/v1/tenancy', consoleAuth(deps, 'owner'), async (req, res) => {
+    const patch = await readPayload(req, patchSchema);
+    const t = await updateTenancy(deps.pool, consoleOf(res).user.tenancy_id, patch);
+    if (t === null) throw new ServiceError('not_found');
+    res.json(tenancyView(deps, t));
+  });
+}
