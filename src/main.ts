@@ -4,6 +4,7 @@ import { SettingError } from './config/settings.ts';
 import { openDatabase } from './cli/database.ts';
 import { serve } from './cli/serve.ts';
 import { settingsCommand } from './cli/settings.ts';
+import { tenancyCommand } from './cli/tenancy.ts';
 import { createPool } from './db/pool.ts';
 import { migrate } from './db/migrate.ts';
 import { logger, errorFields } from './log.ts';
@@ -13,6 +14,7 @@ const USAGE = `usage:
   sarsen migrate
   sarsen settings get [NAME]
   sarsen settings set NAME VALUE
+  sarsen tenancy create SLUG --owner EMAIL
 environment: CTX_DATABASE_HOST, CTX_DATABASE_PORT, CTX_DATABASE_USER, CTX_DATABASE_NAME,
              CTX_SECRETS_DIR, CTX_DATA_DIR (see .env.example)`;
 
@@ -20,21 +22,22 @@ const out = (line: string) => process.stdout.write(line + '\n');
 
 async function main(argv: string[]): Promise<number> {
   const env = readEnvironment();
-  const { command, serve: serveOptions } = parseCommandLine(argv, env.database === null);
+  const { command, serve: serveOptions, owner } = parseCommandLine(argv, env.database === null);
   const [name, ...args] = command;
   if (name === 'help') {
     out(USAGE);
     return 0;
   }
-  if (!['serve', 'migrate', 'settings'].includes(name!)) throw new ConfigError(`Unknown command ${JSON.stringify(name)}.\n${USAGE}`);
+  if (!['serve', 'migrate', 'settings', 'tenancy'].includes(name!)) throw new ConfigError(`Unknown command ${JSON.stringify(name)}.\n${USAGE}`);
   const db = await openDatabase(env);
   try {
-    if (name === 'serve') await serve(db, serveOptions);
+    if (name === 'serve') await serve(db, serveOptions, { embedded: env.database === null });
     else if (name === 'migrate') {
       const pool = createPool(db.conn, { max: 2, name: 'sarsen-cli' });
       await migrate(db.conn, pool).finally(() => pool.end());
       out('migrations applied');
-    } else await settingsCommand(db, args, out);
+    } else if (name === 'tenancy') await tenancyCommand(db, args, owner, out);
+    else await settingsCommand(db, args, out);
   } finally {
     await db.close();
   }
