@@ -2,9 +2,12 @@
 import { configureLogging } from '../../src/log.ts';
 import { mark, leakedSince, describeLeaks, liveHandles } from './resources.ts';
 import { shutdownDatabases } from './db.ts';
+import { installLogGuard, assertNoSecretsLogged } from './log-guard.ts';
 
 // Logs go to the capture sinks tests install; stdout stays readable. SARSEN_TEST_LOGS=1 shows them.
 configureLogging({ stdout: process.env.SARSEN_TEST_LOGS === '1', level: 'debug' });
+// Every line of the run is kept, so the end of the run can prove no registered secret was logged.
+installLogGuard();
 
 let testMark = 0;
 let runMark = 0;
@@ -30,5 +33,6 @@ export const mochaHooks = {
     await new Promise((r) => setTimeout(r, 50));
     const handles = liveHandles();
     if (handles.length > 0) throw new Error(`Handles still open after the run: ${handles.join(', ')}`);
+    assertNoSecretsLogged();
   },
 };
