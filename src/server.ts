@@ -9,10 +9,12 @@ import { migrate, migrationsApplied } from './db/migrate.ts';
 import { createBus, type Bus } from './bus/bus.ts';
 import { createSettingsCache, type SettingsCache } from './config/settings.ts';
 import { createApp } from './http/app.ts';
+import { trackConnections } from './http/drain.ts';
 import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
 import type { Deps } from './deps.ts';
 import { apiRouters } from './http/routes.ts';
+import { startExecutor } from './executor/worker.ts';
 
 export type SarsenOptions = Readonly<{
   conn: ConnectionConfig;
@@ -61,7 +63,12 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
         return migrationsApplied(pool);
       },
     });
+    if (opts.serve.role !== 'api') {
+      const executor = await startExecutor(deps);
+      cleanups.push(() => executor.stop());
+    }
     const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
+    const connections = trackConnections(server);
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       server.listen(opts.serve.port, opts.serve.host, () => {
@@ -78,7 +85,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const stop = () =>
       (stopping ??= (async () => {
         const grace = settings.current().shutdown_grace_ms;
-        await closeServer(server, grace);
+        await connections.drain(grace);
         await unwind();
         logger.info('sarsen stopped');
       })());
@@ -89,11 +96,3 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
   }
 }
 
-/** Stops accepting, lets in-flight requests finish within `graceMs`, then cuts what remains. */
-async function closeServer(server: http.Server, graceMs: number): Promise<void> {
-  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-  server.closeIdleConnections();
-  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
-  await closed;
-  clearTimeout(timer);
-}

@@ -55,7 +55,12 @@ export function createBus(conn: ConnectionConfig, opts: { onConnect?: (client: p
       } catch {
         return;
       }
-      if (typeof msg.k === 'string') deliver(msg);
+      if (msg.k === 'chunks' && Array.isArray(msg.r)) {
+        // One NOTIFY per chunk-writer flush names many requests: [[request id, newest seq], ...].
+        for (const entry of msg.r as unknown[]) {
+          if (Array.isArray(entry) && typeof entry[0] === 'string') deliver({ k: `req:${entry[0]}`, seq: entry[1] });
+        }
+      } else if (typeof msg.k === 'string') deliver(msg);
     });
     const lost = () => {
       if (client !== c) return;

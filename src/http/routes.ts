@@ -2,6 +2,7 @@
 import type { Router } from 'express';
 import type { Deps } from '../deps.ts';
 import { adminRouter } from './admin/index.ts';
+import { serviceRouter } from './service/routes.ts';
 import { closeServiceAuth } from './service-auth.ts';
 import { closeRouting } from '../control/resolve-model.ts';
 
@@ -9,7 +10,7 @@ export type ApiRouters = { routers: Router[]; close(): Promise<void> };
 
 export function apiRouters(deps: Deps): ApiRouters {
   return {
-    routers: [adminRouter(deps)],
+    routers: [adminRouter(deps), serviceRouter(deps)],
     // After the listener has drained: write pending API key last-used times, drop caches.
     close: async () => {
       await closeServiceAuth(deps);

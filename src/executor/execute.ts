@@ -1,0 +1,263 @@
+// One attempt at a request: claim it under a lease, call the provider, record the outcome.
+// Every write after the claim is fenced on the attempt number; a heartbeat that finds the
+// lease gone aborts the provider call, so a zombie neither writes nor keeps spending tokens.
+import { z } from 'zod';
+import type { Deps } from '../deps.ts';
+import type { Settings } from '../config/settings.ts';
+import {
+  claimAttempt,
+  renewLease,
+  finishSucceeded,
+  finishFailed,
+  scheduleRetry,
+  type ClaimedAttempt,
+} from '../db/requests.ts';
+import { loadBackendForCall } from '../db/backends.ts';
+import { openBackendCredential } from '../control/backends.ts';
+import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
+import { createFramer } from '../core/sse-framer.ts';
+import type { ChunkWriter } from './chunk-writer.ts';
+import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.ts';
+import { errorBody } from '../http/errors.ts';
+import { TransportError, describeTransportError, type Upstream, type UpstreamResponse } from './upstream.ts';
+import { logger, errorFields } from '../log.ts';
+
+// A JSON answer larger than this is refused rather than held in memory.
+const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
+const MAX_ERROR_BYTES = 1024 * 1024;
+
+export const payloadSchema = z.object({ request_id: z.string().startsWith('req_') });
+
+export type ExecutorDeps = Deps & { upstream: Upstream; owner: string; chunks: ChunkWriter };
+
+class LeaseLost extends Error {
+  override name = 'LeaseLost';
+}
+
+export async function executeRequest(deps: ExecutorDeps, requestId: string): Promise<void> {
+  const settings = deps.settings.current();
+  const attempt = await claimAttempt(deps.pool, requestId, deps.owner, settings.lease_ms);
+  if (!attempt) return; // already settled, or another worker holds it
+  const controller = new AbortController();
+  const heartbeat = setInterval(() => {
+    renewLease(deps.pool, attempt.id, attempt.attempt, settings.lease_ms).then(
+      (held) => {
+        if (!held) controller.abort(new LeaseLost('the lease was lost'));
+      },
+      (err) => logger.warn('lease renewal failed', { request_id: attempt.id, ...errorFields(err) }),
+    );
+  }, settings.heartbeat_ms);
+  try {
+    await runAttempt(deps, attempt, settings, controller.signal);
+  } catch (err) {
+    if (err instanceof LeaseLost || (controller.signal.aborted && controller.signal.reason instanceof LeaseLost)) {
+      controller.abort(err); // stop the provider call: a zombie must not keep spending tokens
+      logger.warn('attempt abandoned: lease lost', { request_id: attempt.id, attempt: attempt.attempt });
+      return;
+    }
+    throw err;
+  } finally {
+    clearInterval(heartbeat);
+  }
+}
+
+async function readAll(body: AsyncIterable<Buffer>, limit: number): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    size += chunk.length;
+    if (size > limit) throw new TransportError(`The provider's answer is larger than ${limit} bytes.`);
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks, size);
+}
+
+function header(res: UpstreamResponse, name: string): string | null {
+  const v = res.headers[name];
+  if (v === undefined) return null;
+  return Array.isArray(v) ? v.join(', ') : v;
+}
+
+async function runAttempt(deps: ExecutorDeps, a: ClaimedAttempt, settings: Settings, signal: AbortSignal): Promise<void> {
+  const log = { request_id: a.id, attempt: a.attempt };
+  const backend = await loadBackendForCall(deps.pool, a.backendId);
+  if (!backend) {
+    await fail(deps, a, 0, new TransportError('The backend this request was routed to no longer exists.', { refused: true }));
+    return;
+  }
+  let sentBytes = 0;
+  let res: UpstreamResponse;
+  try {
+    res = await deps.upstream.call(
+      {
+        dialect: a.dialect,
+        address: backend.address,
+        credential: openBackendCredential(deps.keyring, backend),
+        forwarded: a.forwardedHeaders,
+        hops: a.hops,
+        body: a.body,
+        streaming: a.streaming,
+        signal,
+      },
+      settings,
+    );
+    sentBytes = res.sentBytes;
+  } catch (err) {
+    if (signal.aborted) throw err;
+    await transportFailure(deps, a, settings, Buffer.byteLength(a.body), describeTransportError(err));
+    return;
+  }
+
+  const contentType = header(res, 'content-type');
+  if (res.status >= 200 && res.status < 300 && a.streaming && /^text\/event-stream\b/i.test(contentType ?? '')) {
+    await runStream(deps, a, settings, signal, res, sentBytes);
+    return;
+  }
+
+  if (res.status >= 200 && res.status < 300) {
+    let body: Buffer;
+    try {
+      body = await readAll(res.body, MAX_ANSWER_BYTES);
+    } catch (err) {
+      if (signal.aborted) throw err;
+      res.body.destroy();
+      await transportFailure(deps, a, settings, sentBytes, describeTransportError(err));
+      return;
+    }
+    const stored = await finishSucceeded(deps.pool, {
+      id: a.id,
+      attempt: a.attempt,
+      status: res.status,
+      contentType,
+      body,
+      tokens: tokensFromAnswer(a.dialect, body),
+      sentBytes,
+      receivedBytes: body.length,
+    });
+    if (stored) deps.bus.publishLocal({ k: `req:${a.id}`, s: 'succeeded' });
+    else logger.warn('answer discarded: lease lost before it was stored', log);
+    return;
+  }
+
+  // An HTTP answer that is not a success: the provider's body, byte for byte.
+  let body: Buffer;
+  try {
+    body = await readAll(res.body, MAX_ERROR_BYTES);
+  } catch (err) {
+    if (signal.aborted) throw err;
+    res.body.destroy();
+    await transportFailure(deps, a, settings, sentBytes, describeTransportError(err));
+    return;
+  }
+  const retryAfter = header(res, 'retry-after');
+  if (isRetryableStatus(res.status) && a.attempt < settings.max_attempts) {
+    const retryAfterMs = retryAfter === null ? null : parseRetryAfter(retryAfter, Date.now());
+    await retry(deps, a, settings, retryAfterMs, sentBytes, body.length);
+    return;
+  }
+  const stored = await finishFailed(deps.pool, {
+    id: a.id,
+    attempt: a.attempt,
+    errorStatus: res.status,
+    retryAfter,
+    body,
+    sentBytes,
+    receivedBytes: body.length,
+  });
+  if (stored) deps.bus.publishLocal({ k: `req:${a.id}`, s: 'failed' });
+}
+
+async function retry(
+  deps: ExecutorDeps,
+  a: ClaimedAttempt,
+  settings: Settings,
+  retryAfterMs: number | null,
+  sentBytes: number,
+  receivedBytes: number,
+): Promise<void> {
+  const delayMs = nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs });
+  const scheduled = await scheduleRetry(deps.pool, { id: a.id, attempt: a.attempt, delayMs, sentBytes, receivedBytes });
+  if (scheduled) logger.info('attempt failed; retry scheduled', { request_id: a.id, attempt: a.attempt, delay_ms: delayMs });
+}
+
+async function transportFailure(deps: ExecutorDeps, a: ClaimedAttempt, settings: Settings, sentBytes: number, err: TransportError) {
+  logger.warn('provider call failed', { request_id: a.id, attempt: a.attempt, reason: err.message });
+  if (!err.refused && a.attempt < settings.max_attempts) {
+    await retry(deps, a, settings, null, sentBytes, 0);
+    return;
+  }
+  await fail(deps, a, sentBytes, err);
+}
+
+async function fail(deps: ExecutorDeps, a: ClaimedAttempt, sentBytes: number, err: TransportError, receivedBytes = 0): Promise<void> {
+  const stored = await finishFailed(deps.pool, {
+    id: a.id,
+    attempt: a.attempt,
+    errorStatus: null,
+    retryAfter: null,
+    body: Buffer.from(errorBody('upstream_failed', err.message)),
+    sentBytes,
+    receivedBytes,
+  });
+  if (stored) deps.bus.publishLocal({ k: `req:${a.id}`, s: 'failed' });
+}
+
+/**
+ * A streamed answer: the provider's bytes split into frames byte-exactly, each numbered and
+ * group-committed. A failure before the first frame is an ordinary (retryable) transport
+ * failure; after it, the status line has been sent to live readers, so it is terminal.
+ */
+async function runStream(
+  deps: ExecutorDeps,
+  a: ClaimedAttempt,
+  settings: Settings,
+  signal: AbortSignal,
+  res: UpstreamResponse,
+  sentBytes: number,
+): Promise<void> {
+  const framer = createFramer();
+  const tokens = createStreamTokenReader(a.dialect);
+  let seq = a.firstSeq - 1;
+  let received = 0;
+  const store = async (frames: Buffer[]): Promise<void> => {
+    if (frames.length === 0) return;
+    const writes = frames.map((frame) => {
+      tokens.push(frame);
+      return deps.chunks.write({ requestId: a.id, attempt: a.attempt, seq: ++seq, frame });
+    });
+    const stored = await Promise.all(writes);
+    if (stored.includes(false)) throw new LeaseLost('the lease was lost while streaming');
+  };
+  try {
+    for await (const chunk of res.body) {
+      received += chunk.length;
+      await store(framer.push(chunk));
+    }
+    await store(framer.end());
+  } catch (err) {
+    if (err instanceof LeaseLost || signal.aborted) {
+      res.body.destroy();
+      throw err instanceof LeaseLost ? err : signal.reason ?? err;
+    }
+    res.body.destroy();
+    const failure = describeTransportError(err);
+    if (seq < a.firstSeq) {
+      await transportFailure(deps, a, settings, sentBytes, failure);
+      return;
+    }
+    logger.warn('stream failed after its first frame', { request_id: a.id, attempt: a.attempt, reason: failure.message });
+    await fail(deps, a, sentBytes, failure, received);
+    return;
+  }
+  const stored = await finishSucceeded(deps.pool, {
+    id: a.id,
+    attempt: a.attempt,
+    status: res.status,
+    contentType: header(res, 'content-type'),
+    body: Buffer.alloc(0),
+    tokens: tokens.result(),
+    sentBytes,
+    receivedBytes: received,
+  });
+  if (stored) deps.bus.publishLocal({ k: `req:${a.id}`, s: 'succeeded' });
+}

@@ -1,0 +1,115 @@
+// The provider call: undici with keep-alive, the deployment's timeouts, and the address
+// policy enforced again at connect time (DNS can change after a backend was created).
+import { Agent, request } from 'undici';
+import { isIP } from 'node:net';
+import type { Settings } from '../config/settings.ts';
+import { policyLookup, refusalReason, HOST_REFUSED_CODE } from '../core/address-policy.ts';
+import { upstreamHeaders } from '../core/header-policy.ts';
+import type { Dialect } from '../core/tokens.ts';
+
+export type UpstreamCall = {
+  dialect: Dialect;
+  address: string;
+  credential: string | null;
+  forwarded: readonly (readonly [string, string])[];
+  hops: number;
+  body: string;
+  streaming: boolean;
+  signal: AbortSignal;
+};
+
+export type UpstreamResponse = {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown };
+  sentBytes: number;
+};
+
+/** A failure that was not an HTTP answer from the provider. */
+export class TransportError extends Error {
+  override name = 'TransportError';
+  readonly refused: boolean;
+  constructor(message: string, opts: { refused?: boolean; cause?: unknown } = {}) {
+    super(message, { cause: opts.cause });
+    this.refused = opts.refused ?? false;
+  }
+}
+
+export function upstreamUrl(dialect: Dialect, address: string): string {
+  return dialect === 'chat' ? `${address}/chat/completions` : `${address}/v1/messages`;
+}
+
+export type Upstream = {
+  call(c: UpstreamCall, settings: Settings): Promise<UpstreamResponse>;
+  close(): Promise<void>;
+};
+
+export function createUpstream(): Upstream {
+  const agents = new Map<string, Agent>();
+  const agentFor = (s: Settings): Agent => {
+    const key = `${s.backends_public_only}:${s.upstream_connect_timeout_ms}:${s.upstream_headers_timeout_ms}:${s.upstream_idle_timeout_ms}`;
+    let agent = agents.get(key);
+    if (!agent) {
+      agent = new Agent({
+        keepAliveTimeout: 30_000,
+        headersTimeout: s.upstream_headers_timeout_ms,
+        bodyTimeout: s.upstream_idle_timeout_ms,
+        connect: { timeout: s.upstream_connect_timeout_ms, ...(s.backends_public_only ? { lookup: policyLookup() } : {}) },
+      });
+      agents.set(key, agent);
+    }
+    return agent;
+  };
+
+  return {
+    async call(c, settings) {
+      const url = new URL(upstreamUrl(c.dialect, c.address));
+      const host = url.hostname.replace(/^\[|\]$/g, '');
+      // Literal addresses never reach a resolver, so the policy is applied to them here.
+      if (settings.backends_public_only && isIP(host) !== 0) {
+        const reason = refusalReason(host);
+        if (reason) throw new TransportError(`The backend address is refused: ${reason}.`, { refused: true });
+      }
+      const body = Buffer.from(c.body, 'utf8');
+      const headers = upstreamHeaders(c.dialect, {
+        credential: c.credential,
+        forwarded: c.forwarded as [string, string][],
+        hops: c.hops + 1,
+        contentLength: body.length,
+        accept: c.streaming ? 'text/event-stream' : 'application/json',
+      });
+      try {
+        const res = await request(url, { method: 'POST', headers, body, signal: c.signal, dispatcher: agentFor(settings) });
+        return { status: res.statusCode, headers: res.headers, body: res.body, sentBytes: body.length };
+      } catch (err) {
+        throw describeTransportError(err);
+      }
+    },
+    async close() {
+      await Promise.all([...agents.values()].map((a) => a.close()));
+      agents.clear();
+    },
+  };
+}
+
+/** Says what went wrong in words a caller can act on, without echoing anything sensitive. */
+export function describeTransportError(err: unknown): TransportError {
+  if (err instanceof TransportError) return err;
+  const e = err as { code?: string; name?: string; message?: string; cause?: { code?: string } };
+  const code = e.code ?? e.cause?.code;
+  if (code === HOST_REFUSED_CODE) return new TransportError('The backend address resolves to a refused network.', { refused: true, cause: err });
+  const known: Record<string, string> = {
+    ECONNREFUSED: 'The provider refused the connection.',
+    ECONNRESET: 'The provider closed the connection.',
+    ENOTFOUND: 'The provider host did not resolve.',
+    EAI_AGAIN: 'The provider host did not resolve (temporary DNS failure).',
+    UND_ERR_CONNECT_TIMEOUT: 'Connecting to the provider timed out.',
+    UND_ERR_HEADERS_TIMEOUT: 'The provider sent no response headers in time.',
+    UND_ERR_BODY_TIMEOUT: 'The provider went silent in the middle of its answer.',
+    UND_ERR_SOCKET: 'The provider connection failed.',
+    UND_ERR_ABORTED: 'The call was aborted.',
+    ABORT_ERR: 'The call was aborted.',
+  };
+  const message = (code && known[code]) || (e.name === 'AbortError' ? 'The call was aborted.' : 'The provider could not be reached.');
+  return new TransportError(message, { cause: err });
+}

@@ -1,0 +1,99 @@
+// Accepting a submission (SPEC.md "Endpoints: Submission"): authenticate (done by the route),
+// refuse loops, read and canonicalise the body, resolve the routing rule, then one
+// transaction claims, records and enqueues. Shared by all three submission routes.
+import type { Request } from 'express';
+import type { Deps } from '../../deps.ts';
+import type { ServiceAuth } from '../service-auth.ts';
+import { ServiceError } from '../errors.ts';
+import { readBody, decodeUtf8, MAX_SUBMISSION_BYTES } from '../body.ts';
+import {
+  parseCanonical,
+  CanonicalJsonError,
+  topLevelString,
+  topLevelBoolean,
+  withTopLevelField,
+  jsonString,
+  identityHash,
+  isJsonObject,
+  type JsonValue,
+} from '../../core/canonical-json.ts';
+import { forwardableHeaders, parseHops, HOPS_HEADER } from '../../core/header-policy.ts';
+import { newId } from '../../core/ids.ts';
+import { resolveModel } from '../../control/resolve-model.ts';
+import { submitRequest, type Dialect, type Submitted } from '../../db/requests.ts';
+
+export type Submission = Submitted & { streaming: boolean };
+
+function parseBody(bytes: Buffer): { value: JsonValue; text: string } {
+  try {
+    return parseCanonical(decodeUtf8(bytes));
+  } catch (err) {
+    if (err instanceof CanonicalJsonError) throw new ServiceError('bad_request', `The body is not valid JSON: ${err.message}`);
+    throw err;
+  }
+}
+
+export async function acceptSubmission(
+  deps: Deps,
+  req: Request,
+  auth: ServiceAuth,
+  dialect: Dialect,
+  opts: { fireAndForget: boolean },
+): Promise<Submission> {
+  const settings = deps.settings.current();
+  const hops = parseHops(req.headers[HOPS_HEADER]);
+  if (hops >= settings.reroute_ceiling) {
+    throw new ServiceError(
+      'loop_detected',
+      `The submission arrived at re-route depth ${hops}; the ceiling is ${settings.reroute_ceiling}.`,
+    );
+  }
+  const { value, text } = parseBody(await readBody(req, MAX_SUBMISSION_BYTES));
+  if (!isJsonObject(value)) throw new ServiceError('bad_request', 'The body must be a JSON object.');
+  const model = topLevelString(value, 'model');
+  if (model === undefined) throw new ServiceError('bad_request', 'The body must name a `model` as a string.');
+  const streaming = topLevelBoolean(value, 'stream') === true;
+
+  const resolution = await resolveModel(deps, auth.namespaceId, model);
+  if (resolution === null) {
+    throw new ServiceError('not_found', `No routing rule matches model ${JSON.stringify(model)} in namespace ${auth.namespaceName}.`);
+  }
+  if ('declined' in resolution) {
+    throw new ServiceError('forbidden', `Routing rule ${resolution.declined.rule_id} (${resolution.declined.model}) declines model ${JSON.stringify(model)}.`);
+  }
+  const { rule, backend } = resolution;
+  if (backend.dialect !== dialect) {
+    throw new ServiceError(
+      'unprocessable_entity',
+      `Model ${JSON.stringify(model)} routes to a ${backend.dialect}-dialect backend; this route speaks ${dialect}. Sarsen does not translate between dialects.`,
+    );
+  }
+  if (backend.credential_source === 'caller') {
+    throw new ServiceError(
+      'passthrough_disabled',
+      opts.fireAndForget || !deps.serve.credentialPassthrough
+        ? 'This model routes to a caller-credential backend, which is not available here.'
+        : 'Caller-credential backends are not supported by this build yet.',
+    );
+  }
+
+  const upstreamModel = rule.rewrite_model ?? model;
+  const body = upstreamModel === model ? text : withTopLevelField(value, 'model', jsonString(upstreamModel));
+  const submitted = await submitRequest(deps.pool, {
+    id: newId('req'),
+    tenancyId: auth.tenancyId,
+    namespaceId: auth.namespaceId,
+    apiKeyId: auth.apiKeyId,
+    backendId: backend.backend_id,
+    dialect,
+    streaming,
+    model,
+    upstreamModel,
+    forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
+    hops,
+    body,
+    identity: Buffer.from(identityHash({ dialect, canonicalText: text }), 'hex'),
+    windowMs: settings.idempotency_window_ms,
+  });
+  return { ...submitted, streaming };
+}
