@@ -14,7 +14,9 @@ import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
 import type { Deps } from './deps.ts';
 import { apiRouters } from './http/routes.ts';
-import { startExecutor } from './executor/worker.ts';
+import { startExecutor, type Executor } from './executor/worker.ts';
+import { holdLivenessLock } from './db/recovery.ts';
+import { newId } from './core/ids.ts';
 
 export type SarsenOptions = Readonly<{
   conn: ConnectionConfig;
@@ -40,7 +42,10 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
   try {
     // Schema first: nothing binds before the database is at the version this code expects.
     await migrate(opts.conn, pool);
-    const bus = createBus(opts.conn);
+    // An executor's liveness lock lives on the bus connection: if the process dies, the lock
+    // goes with its session and any sweeper sees at once that its leases are orphaned.
+    const owner = opts.serve.role === 'api' ? null : newId('wrk');
+    const bus = createBus(opts.conn, owner ? { onConnect: (client) => holdLivenessLock(client, owner) } : {});
     cleanups.push(() => bus.close());
     await bus.ready();
     const settings = await createSettingsCache(pool, bus);
@@ -63,10 +68,8 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
         return migrationsApplied(pool);
       },
     });
-    if (opts.serve.role !== 'api') {
-      const executor = await startExecutor(deps);
-      cleanups.push(() => executor.stop());
-    }
+    const executor: Executor | null = owner ? await startExecutor(deps, owner) : null;
+    if (executor) cleanups.push(() => executor.stop(0));
     const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
     const connections = trackConnections(server);
     await new Promise<void>((resolve, reject) => {
@@ -85,7 +88,8 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const stop = () =>
       (stopping ??= (async () => {
         const grace = settings.current().shutdown_grace_ms;
-        await connections.drain(grace);
+        // HTTP waiters and the executions they wait on finish together within one grace.
+        await Promise.all([connections.drain(grace), executor?.stop(grace)]);
         await unwind();
         logger.info('sarsen stopped');
       })());

@@ -322,13 +322,19 @@ export async function readFrames(pool: Pool, requestId: string, afterSeq: number
   return rows;
 }
 
-export type StreamState = { status: RequestStatus; streamFirstSeq: number | null; attempts: number };
+export type StreamState = { status: RequestStatus; streamFirstSeq: number | null; attempts: number; seqHigh: number };
 
 export async function readStreamState(pool: Pool, requestId: string): Promise<StreamState | null> {
-  const { rows } = await pool.query<{ status: RequestStatus; stream_first_seq: number | null; attempts: number }>(
-    `SELECT status, stream_first_seq, attempts FROM sarsen.requests WHERE id = $1`,
+  const { rows } = await pool.query<{ status: RequestStatus; stream_first_seq: number | null; attempts: number; seq_high: number }>(
+    `SELECT status, stream_first_seq, attempts, seq_high FROM sarsen.requests WHERE id = $1`,
     [requestId],
   );
   const r = rows[0];
-  return r ? { status: r.status, streamFirstSeq: r.stream_first_seq, attempts: r.attempts } : null;
+  return r ? { status: r.status, streamFirstSeq: r.stream_first_seq, attempts: r.attempts, seqHigh: r.seq_high } : null;
+}
+
+/** Whether frame `seq` of the request is still stored (frames of a discarded attempt are not). */
+export async function frameExists(pool: Pool, requestId: string, seq: number): Promise<boolean> {
+  const { rowCount } = await pool.query(`SELECT 1 FROM sarsen.chunks WHERE request_id = $1 AND seq = $2`, [requestId, seq]);
+  return rowCount === 1;
 }

@@ -13,6 +13,7 @@ import {
   type ClaimedAttempt,
 } from '../db/requests.ts';
 import { loadBackendForCall } from '../db/backends.ts';
+import { handBack } from '../db/recovery.ts';
 import { openBackendCredential } from '../control/backends.ts';
 import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
 import { createFramer } from '../core/sse-framer.ts';
@@ -28,10 +29,18 @@ const MAX_ERROR_BYTES = 1024 * 1024;
 
 export const payloadSchema = z.object({ request_id: z.string().startsWith('req_') });
 
-export type ExecutorDeps = Deps & { upstream: Upstream; owner: string; chunks: ChunkWriter };
+/** An attempt in flight in this process, so a stopping process can hand it back. */
+export type ActiveAttempt = { id: string; attempt: number; controller: AbortController };
+
+export type ExecutorDeps = Deps & { upstream: Upstream; owner: string; chunks: ChunkWriter; active: Set<ActiveAttempt> };
 
 class LeaseLost extends Error {
   override name = 'LeaseLost';
+}
+
+/** The abort reason a stopping process gives attempts that could not finish within its grace. */
+export class HandBack extends Error {
+  override name = 'HandBack';
 }
 
 export async function executeRequest(deps: ExecutorDeps, requestId: string): Promise<void> {
@@ -39,6 +48,8 @@ export async function executeRequest(deps: ExecutorDeps, requestId: string): Pro
   const attempt = await claimAttempt(deps.pool, requestId, deps.owner, settings.lease_ms);
   if (!attempt) return; // already settled, or another worker holds it
   const controller = new AbortController();
+  const active: ActiveAttempt = { id: attempt.id, attempt: attempt.attempt, controller };
+  deps.active.add(active);
   const heartbeat = setInterval(() => {
     renewLease(deps.pool, attempt.id, attempt.attempt, settings.lease_ms).then(
       (held) => {
@@ -50,6 +61,13 @@ export async function executeRequest(deps: ExecutorDeps, requestId: string): Pro
   try {
     await runAttempt(deps, attempt, settings, controller.signal);
   } catch (err) {
+    if (controller.signal.aborted && controller.signal.reason instanceof HandBack) {
+      // Another executor takes over at once instead of waiting for the lease to expire.
+      const handed = await handBack(deps.pool, attempt.id, attempt.attempt);
+      if (handed) deps.bus.publishLocal({ k: `req:${attempt.id}`, s: 'superseded' });
+      logger.warn('attempt handed back at shutdown', { request_id: attempt.id, attempt: attempt.attempt, handed });
+      return;
+    }
     if (err instanceof LeaseLost || (controller.signal.aborted && controller.signal.reason instanceof LeaseLost)) {
       controller.abort(err); // stop the provider call: a zombie must not keep spending tokens
       logger.warn('attempt abandoned: lease lost', { request_id: attempt.id, attempt: attempt.attempt });
@@ -58,6 +76,7 @@ export async function executeRequest(deps: ExecutorDeps, requestId: string): Pro
     throw err;
   } finally {
     clearInterval(heartbeat);
+    deps.active.delete(active);
   }
 }
 

@@ -3,7 +3,7 @@
 // again. Woken by the bus (chunk flushes and terminal writes), after a bus reconnect, and by
 // a slow backstop poll.
 import type { Deps } from '../../deps.ts';
-import { readFrames, readStreamState, type RequestStatus } from '../../db/requests.ts';
+import { readFrames, readStreamState, frameExists, type RequestStatus } from '../../db/requests.ts';
 import { isTerminal } from './wait.ts';
 
 export type FollowEvent =
@@ -37,11 +37,14 @@ export async function* follow(
   const unReconnect = deps.bus.onReconnect(poke);
   opts.signal.addEventListener('abort', poke);
   try {
-    const initial = await readStreamState(deps.pool, requestId);
-    // A resume point before the current attempt's first frame belongs to a discarded attempt.
-    if (initial && after > 0 && initial.streamFirstSeq !== null && after < initial.streamFirstSeq && initial.status === 'running') {
-      yield { type: 'superseded' };
-      return;
+    // A resume point that was handed out but is no longer stored belongs to a discarded
+    // attempt (frames are only ever removed that way while the record lives).
+    if (after > 0) {
+      const initial = await readStreamState(deps.pool, requestId);
+      if (initial && after <= initial.seqHigh && !(await frameExists(deps.pool, requestId, after))) {
+        yield { type: 'superseded' };
+        return;
+      }
     }
     let lastNews = Date.now();
     for (;;) {
@@ -61,7 +64,9 @@ export async function* follow(
       if (frames.length > 0) lastNews = Date.now();
       const state = await readStreamState(deps.pool, requestId);
       if (!state) return;
-      if (following !== null && state.attempts !== following && state.status !== 'succeeded' && state.status !== 'failed') {
+      // Frames were delivered from an attempt that is no longer the live one: its worker died
+      // and the request went back to pending (or another attempt already took it).
+      if (following !== null && !isTerminal(state.status) && (state.status === 'pending' || state.attempts !== following)) {
         yield { type: 'superseded' };
         return;
       }

@@ -1,0 +1,52 @@
+// The recovery sweep: every executor process, every `sweep_interval_ms` (not cron: cron has
+// minute granularity), re-dispatches requests whose worker died or whose lease expired.
+import type { Deps } from '../deps.ts';
+import { recoverDeadAttempts } from '../db/recovery.ts';
+import { logger, errorFields } from '../log.ts';
+
+const BATCH = 100;
+
+export type Sweeper = { runOnce(): Promise<number>; stop(): Promise<void> };
+
+export function startSweeper(deps: Deps, owner: string): Sweeper {
+  let stopped = false;
+  let timer: NodeJS.Timeout | null = null;
+  let running: Promise<number> | null = null;
+
+  const runOnce = async (): Promise<number> => {
+    let total = 0;
+    for (;;) {
+      const recovered = await recoverDeadAttempts(deps.pool, owner, BATCH);
+      total += recovered.length;
+      for (const r of recovered) {
+        deps.bus.publishLocal({ k: `req:${r.id}`, s: 'superseded' });
+        logger.warn('recovered a request from a dead attempt', { request_id: r.id, attempt: r.attempt });
+      }
+      if (recovered.length < BATCH || stopped) return total;
+    }
+  };
+
+  const tick = () => {
+    timer = null;
+    if (stopped) return;
+    running = runOnce()
+      .catch((err) => {
+        logger.warn('recovery sweep failed; will try again', errorFields(err));
+        return 0;
+      })
+      .finally(() => {
+        running = null;
+        if (!stopped) timer = setTimeout(tick, deps.settings.current().sweep_interval_ms);
+      });
+  };
+  timer = setTimeout(tick, 0);
+
+  return {
+    runOnce,
+    async stop() {
+      stopped = true;
+      if (timer) clearTimeout(timer);
+      await running;
+    },
+  };
+}
