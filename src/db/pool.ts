@@ -54,3 +54,30 @@ export async function withTransaction<T>(pool: Pool, fn: (client: PoolClient) =>
     client.release();
   }
 }
+
+/**
+ * Whether an error means the connection died under the query (server restart, a terminated
+ * backend, a network cut) rather than the query being refused: such a query is worth one
+ * more try on a fresh connection.
+ */
+export function isConnectionLoss(err: unknown): boolean {
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === 'string') return code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03';
+  const message = err instanceof Error ? err.message : '';
+  return /Connection terminated|connection.*(closed|ended)|ECONNRESET|ECONNREFUSED|Client has encountered a connection error/i.test(message);
+}
+
+/**
+ * Runs `fn` and, if the connection died under it, once more. Callers use it only for writes
+ * that are safe to repeat: fenced ones (a repeat after a commit whose answer was lost finds the
+ * fence closed and reports it) and claims (a repeat attaches to what the first one made).
+ */
+export async function retryOnConnectionLoss<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    if (!isConnectionLoss(err)) throw err;
+    await new Promise((r) => setTimeout(r, 50));
+    return fn();
+  }
+}

@@ -5,6 +5,7 @@
 import type { Pool } from '../db/pool.ts';
 import type { Bus } from '../bus/bus.ts';
 import { storeFrames, type FrameRow } from '../db/requests.ts';
+import { retryOnConnectionLoss } from '../db/pool.ts';
 
 // Bound on one statement's parameters and one flush's memory.
 const MAX_BATCH_FRAMES = 2000;
@@ -26,7 +27,7 @@ export function createChunkWriter(pool: Pool, bus: Bus): ChunkWriter {
       const batch = queue.slice(0, MAX_BATCH_FRAMES);
       queue = queue.slice(batch.length);
       try {
-        const stored = await storeFrames(pool, batch);
+        const stored = await retryOnConnectionLoss(() => storeFrames(pool, batch));
         for (const p of batch) p.done(stored.has(p.requestId));
         for (const [requestId, seq] of stored) bus.publishLocal({ k: `req:${requestId}`, seq });
       } catch (err) {

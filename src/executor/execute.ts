@@ -4,16 +4,11 @@
 import { z } from 'zod';
 import type { Deps } from '../deps.ts';
 import type { Settings } from '../config/settings.ts';
-import {
-  claimAttempt,
-  renewLease,
-  finishSucceeded,
-  finishFailed,
-  scheduleRetry,
-  type ClaimedAttempt,
-} from '../db/requests.ts';
-import { loadBackendForCall } from '../db/backends.ts';
-import { handBack } from '../db/recovery.ts';
+import * as requests from '../db/requests.ts';
+import type { ClaimedAttempt } from '../db/requests.ts';
+import * as backends from '../db/backends.ts';
+import * as recovery from '../db/recovery.ts';
+import { retryOnConnectionLoss, isConnectionLoss } from '../db/pool.ts';
 import { openBackendCredential } from '../control/backends.ts';
 import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
 import { createFramer } from '../core/sse-framer.ts';
@@ -22,6 +17,20 @@ import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.t
 import { errorBody } from '../http/errors.ts';
 import { TransportError, describeTransportError, type Upstream, type UpstreamResponse } from './upstream.ts';
 import { logger, errorFields } from '../log.ts';
+
+// Every write of an attempt is fenced or a claim, so one more try after a lost connection is
+// safe (see retryOnConnectionLoss); a second loss leaves the attempt to the recovery sweep.
+const retrying =
+  <A extends unknown[], R>(fn: (...args: A) => Promise<R>) =>
+  (...args: A): Promise<R> =>
+    retryOnConnectionLoss(() => fn(...args));
+const claimAttempt = retrying(requests.claimAttempt);
+const renewLease = retrying(requests.renewLease);
+const finishSucceeded = retrying(requests.finishSucceeded);
+const finishFailed = retrying(requests.finishFailed);
+const scheduleRetry = retrying(requests.scheduleRetry);
+const loadBackendForCall = retrying(backends.loadBackendForCall);
+const handBack = retrying(recovery.handBack);
 
 // A JSON answer larger than this is refused rather than held in memory.
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
@@ -36,6 +45,14 @@ export type ExecutorDeps = Deps & { upstream: Upstream; owner: string; chunks: C
 
 class LeaseLost extends Error {
   override name = 'LeaseLost';
+}
+
+/** Storing a frame failed (the database, not the provider): the attempt cannot go on here. */
+class StoreFailed extends Error {
+  override name = 'StoreFailed';
+  constructor(cause: unknown) {
+    super('storing a stream frame failed', { cause });
+  }
 }
 
 /** The abort reason a stopping process gives attempts that could not finish within its grace. */
@@ -61,11 +78,14 @@ export async function executeRequest(deps: ExecutorDeps, requestId: string): Pro
   try {
     await runAttempt(deps, attempt, settings, controller.signal);
   } catch (err) {
-    if (controller.signal.aborted && controller.signal.reason instanceof HandBack) {
-      // Another executor takes over at once instead of waiting for the lease to expire.
-      const handed = await handBack(deps.pool, attempt.id, attempt.attempt);
+    const stopping = controller.signal.aborted && controller.signal.reason instanceof HandBack;
+    if (stopping || isConnectionLoss(err)) {
+      // Another executor takes over at once instead of waiting for the lease to expire (if
+      // the database is still unreachable, the sweep recovers the attempt once it expires).
+      controller.abort(err);
+      const handed = await handBack(deps.pool, attempt.id, attempt.attempt).catch(() => false);
       if (handed) deps.bus.publishLocal({ k: `req:${attempt.id}`, s: 'superseded' });
-      logger.warn('attempt handed back at shutdown', { request_id: attempt.id, attempt: attempt.attempt, handed });
+      logger.warn('attempt handed back', { request_id: attempt.id, attempt: attempt.attempt, handed, reason: stopping ? 'shutdown' : 'database connection lost' });
       return;
     }
     if (err instanceof LeaseLost || (controller.signal.aborted && controller.signal.reason instanceof LeaseLost)) {
@@ -244,7 +264,12 @@ async function runStream(
       tokens.push(frame);
       return deps.chunks.write({ requestId: a.id, attempt: a.attempt, seq: ++seq, frame });
     });
-    const stored = await Promise.all(writes);
+    let stored: boolean[];
+    try {
+      stored = await Promise.all(writes);
+    } catch (err) {
+      throw new StoreFailed(err);
+    }
     if (stored.includes(false)) throw new LeaseLost('the lease was lost while streaming');
   };
   try {
@@ -254,9 +279,10 @@ async function runStream(
     }
     await store(framer.end());
   } catch (err) {
-    if (err instanceof LeaseLost || signal.aborted) {
+    if (err instanceof LeaseLost || err instanceof StoreFailed || signal.aborted) {
+      // Not the provider's failure: stop its call; the attempt is the recovery sweep's now.
       res.body.destroy();
-      throw err instanceof LeaseLost ? err : signal.reason ?? err;
+      throw err instanceof StoreFailed ? err.cause : err instanceof LeaseLost ? err : signal.reason ?? err;
     }
     res.body.destroy();
     const failure = describeTransportError(err);

@@ -21,6 +21,7 @@ import { forwardableHeaders, parseHops, HOPS_HEADER } from '../../core/header-po
 import { newId } from '../../core/ids.ts';
 import { resolveModel } from '../../control/resolve-model.ts';
 import { submitRequest, type Dialect, type Submitted } from '../../db/requests.ts';
+import { retryOnConnectionLoss } from '../../db/pool.ts';
 
 export type Submission = Submitted & { streaming: boolean };
 
@@ -79,7 +80,8 @@ export async function acceptSubmission(
 
   const upstreamModel = rule.rewrite_model ?? model;
   const body = upstreamModel === model ? text : withTopLevelField(value, 'model', jsonString(upstreamModel));
-  const submitted = await submitRequest(deps.pool, {
+  // A repeat after a lost connection attaches to whatever the first try committed.
+  const submitted = await retryOnConnectionLoss(() => submitRequest(deps.pool, {
     id: newId('req'),
     tenancyId: auth.tenancyId,
     namespaceId: auth.namespaceId,
@@ -94,6 +96,6 @@ export async function acceptSubmission(
     body,
     identity: Buffer.from(identityHash({ dialect, canonicalText: text }), 'hex'),
     windowMs: settings.idempotency_window_ms,
-  });
+  }));
   return { ...submitted, streaming };
 }
