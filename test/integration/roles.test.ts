@@ -42,6 +42,9 @@ describe('roles and graceful shutdown', function () {
       await new Promise((r) => setTimeout(r, 1000));
       expect(await record(t, id)).to.include({ status: 'pending', attempts: 0 });
       expect(provider.journal).to.have.length(0);
+      // Operators find a request's pending work by its id (README "Inspecting the queue").
+      const job = await d.pool.query(`SELECT task_identifier, locked_at FROM graphile_worker.jobs WHERE key = $1`, [id]);
+      expect(job.rows).to.deep.equal([{ task_identifier: 'execute_request', locked_at: null }]);
 
       const executor = await d.start('executor');
       try {
