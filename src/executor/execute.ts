@@ -35,6 +35,8 @@ const handBack = retrying(recovery.handBack);
 // A JSON answer larger than this is refused rather than held in memory.
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
 const MAX_ERROR_BYTES = 1024 * 1024;
+// Frames of one stream handed to the chunk writer and not yet committed before reading pauses.
+const MAX_UNCOMMITTED = 1024;
 
 export const payloadSchema = z.object({ request_id: z.string().startsWith('req_') });
 
@@ -170,6 +172,7 @@ async function runAttempt(deps: ExecutorDeps, a: ClaimedAttempt, settings: Setti
       contentType,
       body,
       tokens: tokensFromAnswer(a.dialect, body),
+      metering: settings.metering_enabled,
       sentBytes,
       receivedBytes: body.length,
     });
@@ -258,27 +261,59 @@ async function runStream(
   const tokens = createStreamTokenReader(a.dialect);
   let seq = a.firstSeq - 1;
   let received = 0;
-  const store = async (frames: Buffer[]): Promise<void> => {
-    if (frames.length === 0) return;
-    const writes = frames.map((frame) => {
-      tokens.push(frame);
-      return deps.chunks.write({ requestId: a.id, attempt: a.attempt, seq: ++seq, frame });
+  // Reading never waits for a commit: bytes left in the body's buffer while a flush is in
+  // flight are discarded when the connection then fails (a destroyed stream drops its buffer),
+  // so frames the provider did send would be lost. Outcomes are written only once every frame
+  // handed to the writer has settled; a backlog past MAX_UNCOMMITTED pauses reading.
+  let uncommitted = 0;
+  let storeError: LeaseLost | StoreFailed | null = null;
+  const waiters = new Set<() => void>();
+  const settleOne = () => {
+    uncommitted--;
+    for (const w of waiters) w();
+  };
+  const atMost = (n: number) =>
+    new Promise<void>((resolve) => {
+      const check = () => {
+        if (uncommitted > n) return;
+        waiters.delete(check);
+        resolve();
+      };
+      waiters.add(check);
+      check();
     });
-    let stored: boolean[];
-    try {
-      stored = await Promise.all(writes);
-    } catch (err) {
-      throw new StoreFailed(err);
+  const failStore = (err: LeaseLost | StoreFailed) => {
+    storeError ??= err;
+    res.body.destroy(storeError); // stop reading at once; the loop below sees storeError
+  };
+  const store = (frames: Buffer[]): void => {
+    for (const frame of frames) {
+      tokens.push(frame);
+      uncommitted++;
+      deps.chunks.write({ requestId: a.id, attempt: a.attempt, seq: ++seq, frame }).then(
+        (stored) => {
+          if (!stored) failStore(new LeaseLost('the lease was lost while streaming'));
+          settleOne();
+        },
+        (err) => {
+          failStore(new StoreFailed(err));
+          settleOne();
+        },
+      );
     }
-    if (stored.includes(false)) throw new LeaseLost('the lease was lost while streaming');
   };
   try {
     for await (const chunk of res.body) {
       received += chunk.length;
-      await store(framer.push(chunk));
+      store(framer.push(chunk));
+      if (uncommitted > MAX_UNCOMMITTED) await atMost(MAX_UNCOMMITTED / 2);
     }
-    await store(framer.end());
-  } catch (err) {
+    store(framer.end());
+    await atMost(0);
+    if (storeError) throw storeError;
+  } catch (caught) {
+    await atMost(0);
+    const err = storeError ?? caught;
     if (err instanceof LeaseLost || err instanceof StoreFailed || signal.aborted) {
       // Not the provider's failure: stop its call; the attempt is the recovery sweep's now.
       res.body.destroy();
@@ -301,6 +336,7 @@ async function runStream(
     contentType: header(res, 'content-type'),
     body: Buffer.alloc(0),
     tokens: tokens.result(),
+    metering: settings.metering_enabled,
     sentBytes,
     receivedBytes: received,
   });
