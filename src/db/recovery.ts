@@ -1,6 +1,7 @@
 // The recovery sweep's SQL (DESIGN.md "Leases", "Fast death detection").
 import type { Pool, PoolClient } from './pool.ts';
 import { withTransaction } from './pool.ts';
+import { shard } from './submissions.ts';
 
 /**
  * Every executor process holds this session-level advisory lock on its bus connection for as
@@ -45,14 +46,21 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
          RETURNING k.request_id, octet_length(k.frame) AS bytes
        ), freed AS (
          SELECT request_id, sum(bytes) AS bytes FROM discarded GROUP BY request_id
+       ), requeued AS (
+         UPDATE sarsen.requests q
+            SET status = 'pending', recoveries = q.recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
+                next_retry_at = NULL, chunk_bytes = q.chunk_bytes - coalesce(f.bytes, 0)
+           FROM victims v LEFT JOIN freed f ON f.request_id = v.id
+          WHERE q.id = v.id
+         RETURNING q.id, q.namespace_id, v.attempts AS attempt, coalesce(f.bytes, 0) AS bytes
+       ), unstored AS (
+         INSERT INTO sarsen.usage_rollup (namespace_id, shard, chunk_bytes)
+         SELECT namespace_id, $3, -sum(bytes) FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0
+         ON CONFLICT (namespace_id, shard) DO UPDATE SET chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes
+         RETURNING 1
        )
-       UPDATE sarsen.requests q
-          SET status = 'pending', recoveries = q.recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
-              next_retry_at = NULL, chunk_bytes = q.chunk_bytes - coalesce(f.bytes, 0)
-         FROM victims v LEFT JOIN freed f ON f.request_id = v.id
-        WHERE q.id = v.id
-       RETURNING q.id, v.attempts AS attempt`,
-      [dead.rows.map((r) => r.owner), limit],
+       SELECT id, attempt, (SELECT count(*) FROM unstored) AS unstored FROM requeued`,
+      [dead.rows.map((r) => r.owner), limit, shard()],
     );
     if (rows.length === 0) return [];
     const ids = rows.map((r) => r.id);
@@ -80,12 +88,20 @@ export async function handBack(pool: Pool, id: string, attempt: number): Promise
          DELETE FROM sarsen.chunks WHERE request_id = $1 AND attempt = $2
            AND EXISTS (SELECT 1 FROM sarsen.requests WHERE id = $1 AND attempts = $2 AND status = 'running')
          RETURNING octet_length(frame) AS bytes
+       ), requeued AS (
+         UPDATE sarsen.requests
+            SET status = 'pending', recoveries = recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
+                chunk_bytes = chunk_bytes - coalesce((SELECT sum(bytes) FROM discarded), 0)
+          WHERE id = $1 AND attempts = $2 AND status = 'running'
+         RETURNING namespace_id
+       ), unstored AS (
+         INSERT INTO sarsen.usage_rollup (namespace_id, shard, chunk_bytes)
+         SELECT namespace_id, $3, -(SELECT coalesce(sum(bytes), 0) FROM discarded) FROM requeued
+         ON CONFLICT (namespace_id, shard) DO UPDATE SET chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes
+         RETURNING 1
        )
-       UPDATE sarsen.requests
-          SET status = 'pending', recoveries = recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
-              chunk_bytes = chunk_bytes - coalesce((SELECT sum(bytes) FROM discarded), 0)
-        WHERE id = $1 AND attempts = $2 AND status = 'running'`,
-      [id, attempt],
+       SELECT (SELECT count(*) FROM unstored) AS n FROM requeued`,
+      [id, attempt, shard()],
     );
     if (rowCount !== 1) return false;
     await c.query(

@@ -1,89 +1,14 @@
-// All SQL of the request lifecycle: submission (claim + row + job in one transaction), the
-// fenced writes of an attempt, and reading a record back.
+// SQL of an attempt's life (claim, lease, fenced outcomes, stream frames) and of reading a
+// record back. Submission is in submissions.ts.
 import type { Pool, PoolClient } from './pool.ts';
 import { withTransaction } from './pool.ts';
 
 export type RequestStatus = 'pending' | 'running' | 'succeeded' | 'failed';
 export type Dialect = 'chat' | 'messages';
 
-const ROLLUP_SHARDS = 16;
-const shard = () => Math.floor(Math.random() * ROLLUP_SHARDS);
-
-export type NewRequest = Readonly<{
-  id: string;
-  tenancyId: string;
-  namespaceId: string;
-  apiKeyId: string;
-  backendId: string;
-  dialect: Dialect;
-  streaming: boolean;
-  model: string;
-  upstreamModel: string;
-  forwardedHeaders: readonly (readonly [string, string])[];
-  hops: number;
-  body: string;
-  identity: Buffer;
-  windowMs: number;
-}>;
-
-export type Submitted = { requestId: string; attached: boolean; status: RequestStatus };
+import { shard } from './submissions.ts';
 
 const NOTIFY = `pg_notify('sarsen_events', json_build_object('k', 'req:' || $1::text, 's', $2::text)::text)`;
-
-async function countSubmission(c: PoolClient, namespaceId: string): Promise<void> {
-  await c.query(
-    `INSERT INTO sarsen.usage_rollup (namespace_id, shard, accepted_submissions) VALUES ($1, $2, 1)
-     ON CONFLICT (namespace_id, shard) DO UPDATE SET accepted_submissions = usage_rollup.accepted_submissions + 1`,
-    [namespaceId, shard()],
-  );
-}
-
-/**
- * One transaction: the idempotency claim (or an attach to the live claim's request), the
- * request row and body, the rollup counter and the graphile-worker job. Concurrent identical
- * submissions serialise on the claim's primary key, so exactly one of them creates the row.
- */
-export async function submitRequest(pool: Pool, r: NewRequest): Promise<Submitted> {
-  for (;;) {
-    const result = await withTransaction(pool, async (c): Promise<Submitted | null> => {
-      const claim = await c.query(
-        `INSERT INTO sarsen.idempotency_claims (namespace_id, identity, request_id, expires_at)
-         VALUES ($1, $2, $3, now() + make_interval(secs => $4::double precision / 1000))
-         ON CONFLICT (namespace_id, identity) DO UPDATE
-           SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
-           WHERE idempotency_claims.expires_at <= now()
-         RETURNING request_id`,
-        [r.namespaceId, r.identity, r.id, r.windowMs],
-      );
-      if (claim.rowCount === 0) {
-        const live = await c.query<{ id: string; status: RequestStatus }>(
-          `SELECT q.id, q.status FROM sarsen.idempotency_claims k JOIN sarsen.requests q ON q.id = k.request_id
-           WHERE k.namespace_id = $1 AND k.identity = $2`,
-          [r.namespaceId, r.identity],
-        );
-        const row = live.rows[0];
-        if (!row) return null; // released between the two statements: claim afresh
-        await countSubmission(c, r.namespaceId);
-        return { requestId: row.id, attached: true, status: row.status };
-      }
-      await c.query(
-        `INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming,
-           model, upstream_model, forwarded_headers, hops, request_bytes)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, octet_length($12::text))`,
-        [r.id, r.tenancyId, r.namespaceId, r.apiKeyId, r.backendId, r.dialect, r.streaming, r.model, r.upstreamModel,
-          JSON.stringify(r.forwardedHeaders), r.hops, r.body],
-      );
-      await c.query(`INSERT INTO sarsen.request_bodies (request_id, body) VALUES ($1, $2)`, [r.id, r.body]);
-      await countSubmission(c, r.namespaceId);
-      await c.query(
-        `SELECT graphile_worker.add_job('execute_request', json_build_object('request_id', $1::text), job_key => $1::text, max_attempts => 25)`,
-        [r.id],
-      );
-      return { requestId: r.id, attached: false, status: 'pending' };
-    });
-    if (result) return result;
-  }
-}
 
 export type ClaimedAttempt = {
   id: string;
@@ -110,11 +35,20 @@ export async function claimAttempt(pool: Pool, id: string, owner: string, leaseM
         WHERE id = $1 AND status = 'pending'
         RETURNING id, attempts, namespace_id, backend_id, dialect, streaming, forwarded_headers, hops, stream_first_seq
      ), counted AS (
+       -- The first attempt is when a submission reaches a provider (SPEC.md Usage rule 2).
        INSERT INTO sarsen.usage_rollup (namespace_id, shard, provider_calls)
        SELECT namespace_id, $4, 1 FROM claimed WHERE attempts = 1
        ON CONFLICT (namespace_id, shard) DO UPDATE SET provider_calls = usage_rollup.provider_calls + 1
+       RETURNING 1
+     ), per_key AS (
+       INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, provider_calls)
+       SELECT q.namespace_id, q.api_key_id, date_trunc('hour', now()), $4, 1
+         FROM claimed c JOIN sarsen.requests q ON q.id = c.id WHERE c.attempts = 1 AND q.api_key_id IS NOT NULL
+       ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE SET provider_calls = key_usage_hourly.provider_calls + 1
+       RETURNING 1
      )
-     SELECT c.*, b.body FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id`,
+     SELECT c.*, b.body, (SELECT count(*) FROM counted) + (SELECT count(*) FROM per_key) AS counted
+       FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id`,
     [id, owner, leaseMs, shard()],
   );
   const row = rows[0];
@@ -157,54 +91,120 @@ async function countTraffic(c: PoolClient, id: string, t: Traffic): Promise<void
   );
 }
 
-/** Fenced terminal success. False: the attempt had lost its lease; nothing was written. */
+// Adds a nullable count to a nullable sum: NULL stays NULL until something reports a number.
+const addKnown = (col: string) =>
+  `${col} = CASE WHEN EXCLUDED.${col} IS NULL THEN key_usage_hourly.${col} ELSE coalesce(key_usage_hourly.${col}, 0) + EXCLUDED.${col} END`;
+
+const SUCCEED = `
+WITH cost AS (
+  -- Token cost at the model's price (micro-credits per million tokens, rounded up); no price, no charge.
+  SELECT coalesce((
+    SELECT (ceil(coalesce($3::bigint, 0) * p.prompt_micros_per_mtok / 1e6)
+          + ceil(coalesce($4::bigint, 0) * p.completion_micros_per_mtok / 1e6))::bigint
+      FROM sarsen.requests q JOIN sarsen.prices p ON p.model = q.upstream_model WHERE q.id = $1), 0) AS micros
+), done AS (
+  UPDATE sarsen.requests q
+     SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+         prompt_tokens = $3, completion_tokens = $4, total_tokens = $5, response_bytes = $6,
+         cost_micros = q.cost_micros + (SELECT micros FROM cost)
+   WHERE q.id = $1 AND q.attempts = $2 AND q.status = 'running'
+  RETURNING q.tenancy_id, q.namespace_id, q.api_key_id, (SELECT micros FROM cost) AS micros
+), answer AS (
+  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT $1, $7, $8, $9 FROM done RETURNING 1
+), rollup AS (
+  INSERT INTO sarsen.usage_rollup (namespace_id, shard, upstream_sent_bytes, upstream_received_bytes, response_bytes)
+  SELECT namespace_id, $10, $11, $12, $6 FROM done
+  ON CONFLICT (namespace_id, shard) DO UPDATE
+    SET upstream_sent_bytes = usage_rollup.upstream_sent_bytes + EXCLUDED.upstream_sent_bytes,
+        upstream_received_bytes = usage_rollup.upstream_received_bytes + EXCLUDED.upstream_received_bytes,
+        response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes
+  RETURNING 1
+), entry AS (
+  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+  SELECT tenancy_id, namespace_id, api_key_id, $1, 'tokens', micros FROM done WHERE micros > 0
+  RETURNING 1
+), per_key AS (
+  INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, prompt_tokens, completion_tokens, total_tokens)
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), $10, (SELECT count(*) FROM entry), $3, $4, $5 FROM done
+   WHERE api_key_id IS NOT NULL
+  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
+    SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events,
+        ${addKnown('prompt_tokens')}, ${addKnown('completion_tokens')}, ${addKnown('total_tokens')}
+  RETURNING 1
+), charged AS (
+  UPDATE sarsen.credit c SET balance_micros = c.balance_micros - d.micros
+    FROM done d WHERE $13 AND d.micros > 0 AND c.tenancy_id = d.tenancy_id
+  RETURNING 1
+), spent AS (
+  INSERT INTO sarsen.monthly_spend (scope_id, month, spent_micros)
+  SELECT scope, date_trunc('month', now())::date, d.micros
+    FROM done d, LATERAL (VALUES (d.api_key_id), (d.namespace_id)) AS s(scope)
+   WHERE $13 AND d.micros > 0 AND scope IS NOT NULL
+  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
+  RETURNING 1
+), notified AS (
+  SELECT pg_notify('sarsen_events', json_build_object('k', 'req:' || $1::text, 's', 'succeeded')::text) FROM done
+)
+SELECT (SELECT count(*) FROM done) AS done,
+       (SELECT count(*) FROM answer) + (SELECT count(*) FROM rollup) + (SELECT count(*) FROM per_key)
+         + (SELECT count(*) FROM charged) + (SELECT count(*) FROM spent) + (SELECT count(*) FROM notified) AS writes`;
+
+/**
+ * Fenced terminal success, in one statement: the answer, tokens, token cost (ledger, and a
+ * credit debit when metering), counters, and the bus event. False: the attempt had lost its
+ * lease; nothing was written.
+ */
 export async function finishSucceeded(
   pool: Pool,
-  f: { id: string; attempt: number; status: number; contentType: string | null; body: Buffer; tokens: Tokens } & Traffic,
+  f: { id: string; attempt: number; status: number; contentType: string | null; body: Buffer; tokens: Tokens; metering: boolean } & Traffic,
 ): Promise<boolean> {
-  return withTransaction(pool, async (c) => {
-    const { rowCount } = await c.query(
-      `UPDATE sarsen.requests
-          SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
-              prompt_tokens = $3, completion_tokens = $4, total_tokens = $5, response_bytes = $6
-        WHERE id = $1 AND attempts = $2 AND status = 'running'`,
-      [f.id, f.attempt, f.tokens.prompt, f.tokens.completion, f.tokens.total, f.body.length],
-    );
-    if (rowCount !== 1) return false;
-    await c.query(`INSERT INTO sarsen.responses (request_id, status, content_type, body) VALUES ($1, $2, $3, $4)`, [
-      f.id, f.status, f.contentType, f.body,
-    ]);
-    await countTraffic(c, f.id, f);
-    await c.query(`SELECT ${NOTIFY}`, [f.id, 'succeeded']);
-    return true;
-  });
+  const { rows } = await pool.query<{ done: number }>(SUCCEED, [
+    f.id, f.attempt, f.tokens.prompt, f.tokens.completion, f.tokens.total, f.body.length,
+    f.status, f.contentType, f.body, shard(), f.sentBytes, f.receivedBytes, f.metering,
+  ]);
+  return rows[0]!.done === 1;
 }
+
+const FAIL = `
+WITH done AS (
+  UPDATE sarsen.requests
+     SET status = 'failed', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+         next_retry_at = NULL, error_status = $3, retry_after = $4, response_bytes = octet_length($5::bytea)
+   WHERE id = $1 AND attempts = $2 AND status = 'running'
+  RETURNING namespace_id
+), answer AS (
+  INSERT INTO sarsen.responses (request_id, status, content_type, body)
+  SELECT $1, coalesce($3, 502), 'application/json', $5 FROM done RETURNING 1
+), released AS (
+  -- A terminal failure releases the claim: the same body afterwards is a new request.
+  DELETE FROM sarsen.idempotency_claims WHERE request_id = $1 AND EXISTS (SELECT 1 FROM done) RETURNING 1
+), rollup AS (
+  INSERT INTO sarsen.usage_rollup (namespace_id, shard, upstream_sent_bytes, upstream_received_bytes, response_bytes)
+  SELECT namespace_id, $6, $7, $8, octet_length($5::bytea) FROM done
+  ON CONFLICT (namespace_id, shard) DO UPDATE
+    SET upstream_sent_bytes = usage_rollup.upstream_sent_bytes + EXCLUDED.upstream_sent_bytes,
+        upstream_received_bytes = usage_rollup.upstream_received_bytes + EXCLUDED.upstream_received_bytes,
+        response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes
+  RETURNING 1
+), notified AS (
+  SELECT pg_notify('sarsen_events', json_build_object('k', 'req:' || $1::text, 's', 'failed')::text) FROM done
+)
+SELECT (SELECT count(*) FROM done) AS done,
+       (SELECT count(*) FROM answer) + (SELECT count(*) FROM released) + (SELECT count(*) FROM rollup)
+         + (SELECT count(*) FROM notified) AS writes`;
 
 /**
  * Fenced terminal failure: the stored error body, the provider's status and retry-after when
- * the failure was an HTTP answer. Releases the idempotency claim in the same transaction.
+ * the failure was an HTTP answer, and the idempotency claim released, all in one statement.
  */
 export async function finishFailed(
   pool: Pool,
   f: { id: string; attempt: number; errorStatus: number | null; retryAfter: string | null; body: Buffer } & Traffic,
 ): Promise<boolean> {
-  return withTransaction(pool, async (c) => {
-    const { rowCount } = await c.query(
-      `UPDATE sarsen.requests
-          SET status = 'failed', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
-              next_retry_at = NULL, error_status = $3, retry_after = $4, response_bytes = $5
-        WHERE id = $1 AND attempts = $2 AND status = 'running'`,
-      [f.id, f.attempt, f.errorStatus, f.retryAfter, f.body.length],
-    );
-    if (rowCount !== 1) return false;
-    await c.query(`INSERT INTO sarsen.responses (request_id, status, content_type, body) VALUES ($1, $2, 'application/json', $3)`, [
-      f.id, f.errorStatus ?? 502, f.body,
-    ]);
-    await c.query(`DELETE FROM sarsen.idempotency_claims WHERE request_id = $1`, [f.id]);
-    await countTraffic(c, f.id, f);
-    await c.query(`SELECT ${NOTIFY}`, [f.id, 'failed']);
-    return true;
-  });
+  const { rows } = await pool.query<{ done: number }>(FAIL, [
+    f.id, f.attempt, f.errorStatus, f.retryAfter, f.body, shard(), f.sentBytes, f.receivedBytes,
+  ]);
+  return rows[0]!.done === 1;
 }
 
 /** Fenced hand-back for a later attempt: back to pending, due at `delayMs`, with its job. */
@@ -298,15 +298,20 @@ export async function storeFrames(pool: Pool, frames: readonly FrameRow[]): Prom
        UPDATE sarsen.requests q
           SET chunk_bytes = q.chunk_bytes + p.bytes, seq_high = greatest(q.seq_high, p.seq)
          FROM per_request p WHERE q.id = p.request_id
-       RETURNING q.id
+       RETURNING q.id, q.namespace_id, p.bytes
+     ), stored AS (
+       INSERT INTO sarsen.usage_rollup (namespace_id, shard, chunk_bytes)
+       SELECT namespace_id, $5, sum(bytes) FROM bumped GROUP BY namespace_id
+       ON CONFLICT (namespace_id, shard) DO UPDATE SET chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes
+       RETURNING 1
      ), notified AS (
        SELECT pg_notify('sarsen_events', json_build_object('k', 'chunks', 'r', json_agg(json_build_array(request_id, seq)))::text)
          FROM (SELECT request_id, seq, (row_number() OVER ()) / ${NOTIFY_GROUP} AS grp FROM per_request) g
         GROUP BY grp
      )
-     SELECT p.request_id, p.seq, (SELECT count(*) FROM notified) AS notes, (SELECT count(*) FROM bumped) AS bumped
+     SELECT p.request_id, p.seq, (SELECT count(*) FROM notified) AS notes, (SELECT count(*) FROM stored) AS stored
        FROM per_request p`,
-    [frames.map((f) => f.requestId), frames.map((f) => f.attempt), frames.map((f) => f.seq), frames.map((f) => f.frame)],
+    [frames.map((f) => f.requestId), frames.map((f) => f.attempt), frames.map((f) => f.seq), frames.map((f) => f.frame), shard()],
   );
   return new Map(rows.map((r) => [r.request_id, r.seq]));
 }

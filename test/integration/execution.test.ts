@@ -296,6 +296,8 @@ describe('durable execution (non-streaming)', function () {
       const theirs = await rawRequest(`${other.base}/requests/${mine}`, { headers: { 'x-sarsen-key': other.key } });
       expect(theirs.status).to.equal(404);
       expect(json(theirs).error.code).to.equal('not_found');
+      // Let the fire-and-forget execution finish inside this test, not the next one.
+      await until(async () => (json(await rawRequest(`${t.base}/requests/${mine}`, { headers: { 'x-sarsen-key': t.key } })).status === 'succeeded' ? true : undefined));
     });
 
     it('the same body in two namespaces is two requests', async () => {

@@ -20,7 +20,8 @@ import {
 import { forwardableHeaders, parseHops, HOPS_HEADER } from '../../core/header-policy.ts';
 import { newId } from '../../core/ids.ts';
 import { resolveModel } from '../../control/resolve-model.ts';
-import { submitRequest, type Dialect, type Submitted } from '../../db/requests.ts';
+import type { Dialect } from '../../db/requests.ts';
+import { submitRequest, MeteringRefusal, type Submitted } from '../../db/submissions.ts';
 import { retryOnConnectionLoss } from '../../db/pool.ts';
 
 export type Submission = Submitted & { streaming: boolean };
@@ -96,6 +97,10 @@ export async function acceptSubmission(
     body,
     identity: Buffer.from(identityHash({ dialect, canonicalText: text }), 'hex'),
     windowMs: settings.idempotency_window_ms,
-  }));
+    feeMicros: settings.request_fee_micros,
+  }, { enabled: settings.metering_enabled })).catch((err: unknown) => {
+    if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);
+    throw err;
+  });
   return { ...submitted, streaming };
 }
