@@ -102,7 +102,7 @@ export async function liveStream(
 }
 
 /** Replay by id (`Accept: text/event-stream`): `id: <seq>` before each stored frame, then the live tail. */
-export async function replay(deps: Deps, req: Request, res: Response, record: RecordRow): Promise<void> {
+export async function replay(deps: Deps, req: Request, res: Response, record: RecordRow, keepAliveMs = KEEP_ALIVE_MS): Promise<void> {
   const lastEventId = req.headers['last-event-id'];
   let afterSeq = 0;
   if (lastEventId !== undefined) {
@@ -112,7 +112,7 @@ export async function replay(deps: Deps, req: Request, res: Response, record: Re
   const left = new AbortController();
   res.on('close', () => left.abort());
   res.writeHead(200, SSE_HEADERS);
-  for await (const ev of follow(deps, record.id, { afterSeq, idleMs: KEEP_ALIVE_MS, signal: left.signal })) {
+  for await (const ev of follow(deps, record.id, { afterSeq, idleMs: keepAliveMs, signal: left.signal })) {
     if (ev.type === 'frame') await send(res, Buffer.concat([Buffer.from(`id: ${ev.seq}\n`), ev.frame]));
     else if (ev.type === 'idle') await send(res, KEEP_ALIVE);
     else if (ev.type === 'superseded') {
