@@ -5,6 +5,7 @@ import { openDatabase } from './cli/database.ts';
 import { serve } from './cli/serve.ts';
 import { settingsCommand } from './cli/settings.ts';
 import { tenancyCommand } from './cli/tenancy.ts';
+import { billingCommand } from './cli/billing.ts';
 import { createPool } from './db/pool.ts';
 import { migrate } from './db/migrate.ts';
 import { logger, errorFields } from './log.ts';
@@ -15,6 +16,8 @@ const USAGE = `usage:
   sarsen settings get [NAME]
   sarsen settings set NAME VALUE
   sarsen tenancy create SLUG --owner EMAIL
+  sarsen credit grant TENANCY MICRO_CREDITS
+  sarsen prices set MODEL PROMPT_PER_MTOK COMPLETION_PER_MTOK   (micro-credits per million tokens)
 environment: CTX_DATABASE_HOST, CTX_DATABASE_PORT, CTX_DATABASE_USER, CTX_DATABASE_NAME,
              CTX_SECRETS_DIR, CTX_DATA_DIR (see .env.example)`;
 
@@ -28,7 +31,7 @@ async function main(argv: string[]): Promise<number> {
     out(USAGE);
     return 0;
   }
-  if (!['serve', 'migrate', 'settings', 'tenancy'].includes(name!)) throw new ConfigError(`Unknown command ${JSON.stringify(name)}.\n${USAGE}`);
+  if (!['serve', 'migrate', 'settings', 'tenancy', 'credit', 'prices'].includes(name!)) throw new ConfigError(`Unknown command ${JSON.stringify(name)}.\n${USAGE}`);
   const db = await openDatabase(env);
   try {
     if (name === 'serve') await serve(db, serveOptions, { embedded: env.database === null });
@@ -37,6 +40,7 @@ async function main(argv: string[]): Promise<number> {
       await migrate(db.conn, pool).finally(() => pool.end());
       out('migrations applied');
     } else if (name === 'tenancy') await tenancyCommand(db, args, owner, out);
+    else if (name === 'credit' || name === 'prices') await billingCommand(db, name, args, out);
     else await settingsCommand(db, args, out);
   } finally {
     await db.close();

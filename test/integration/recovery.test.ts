@@ -6,6 +6,7 @@ import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fak
 import { provision, type Tenant } from '../support/tenant.ts';
 import { startDeployment, type Deployment, type SarsenProcess } from '../support/processes.ts';
 import { rawRequest, json, until } from '../support/http.ts';
+import { recountStorage } from '../../src/db/accounting.ts';
 
 type Replayer = { text(): string; done: Promise<string>; close(): void };
 
@@ -122,5 +123,9 @@ describe('surviving worker death', function () {
     expect(stored.rows[0].attempt).to.equal(2);
     expect(stored.rows[0].frames).to.equal(framesOf.get(2)!.length);
     expect(row.rows[0].chunk_bytes).to.equal(stored.rows[0].bytes);
+    // The namespace's storage counters followed the discard.
+    const storage = json(await rawRequest(`${t.base}/storage`, { headers: { 'x-sarsen-key': t.key } }));
+    const recount = await recountStorage(d.pool, t.namespaceId);
+    expect(storage).to.include(recount);
   }
 });

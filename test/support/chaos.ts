@@ -6,6 +6,7 @@ import pg from 'pg';
 import { chatFrames, chatCompletionBody, type FakeProvider } from './fake-provider.ts';
 import type { Tenant } from './tenant.ts';
 import { rawRequest, json } from './http.ts';
+import { recountStorage } from '../../src/db/accounting.ts';
 
 export type Answers = Map<string, string[]>; // marker -> the answer bytes of each provider call, in order
 
@@ -95,6 +96,9 @@ export async function expectNothingLost(pool: pg.Pool, t: Tenant, submitted: Sub
       expect(rec.body.toString('utf8'), s.marker).to.include(`"response":${final}}`);
     }
   }
+  // Storage counters agree with the rows they count, whatever was discarded on the way.
+  const storage = json(await rawRequest(`${t.base}/storage`, { headers: { 'x-sarsen-key': t.key } }));
+  expect(storage).to.include(await recountStorage(pool, t.namespaceId));
   return { recoveries };
 }
 

@@ -9,6 +9,7 @@ import { backendRoutes } from './backends.ts';
 import { routingRuleRoutes } from './routing-rules.ts';
 import { apiKeyRoutes } from './api-keys.ts';
 import { userRoutes } from './users.ts';
+import { billingRoutes } from './billing.ts';
 
 export function adminRouter(deps: Deps): Router {
   const router = express.Router();
@@ -19,5 +20,6 @@ export function adminRouter(deps: Deps): Router {
   routingRuleRoutes(deps, router);
   apiKeyRoutes(deps, router);
   userRoutes(deps, router);
+  billingRoutes(deps, router);
   return router;
 }

@@ -8,6 +8,7 @@ import { acceptSubmission } from './submit.ts';
 import { waitForTerminal } from './wait.ts';
 import { recordJson } from './record.ts';
 import { liveStream, replay } from './streams.ts';
+import { accountRoutes } from './accounts.ts';
 import { readRecord, type Dialect, type RecordRow } from '../../db/requests.ts';
 
 const BASE = '/:tenancy/:namespace/v1';
@@ -70,6 +71,8 @@ export function serviceRouter(deps: Deps): Router {
     const sub = await acceptSubmission(deps, req, serviceAuthOf(res), dialect, { fireAndForget: true });
     res.status(202).json({ request_id: sub.requestId, status: sub.status });
   });
+
+  accountRoutes(deps, router, BASE);
 
   router.get(`${BASE}/requests/:id`, use, async (req, res) => {
     const auth = serviceAuthOf(res);
