@@ -16,6 +16,7 @@ export const SETTING_SCHEMAS = {
   lease_ms: ms(100, DAY_MS),
   heartbeat_ms: ms(10, DAY_MS),
   sweep_interval_ms: ms(10, DAY_MS),
+  retention_sweep_interval_ms: ms(10, DAY_MS),
   max_attempts: z.number().int().min(1).max(100),
   retry_base_ms: ms(0, DAY_MS),
   retry_max_ms: ms(0, DAY_MS),

@@ -5,6 +5,7 @@ import type { Deps } from '../deps.ts';
 import { createUpstream } from './upstream.ts';
 import { createChunkWriter } from './chunk-writer.ts';
 import { startSweeper } from './sweep.ts';
+import { startRetentionSweeper } from './retention.ts';
 import { HandBack, type ActiveAttempt } from './execute.ts';
 import { workerLogger } from './worker-logger.ts';
 import { logger } from '../log.ts';
@@ -35,6 +36,7 @@ export async function startExecutor(deps: Deps, owner: string): Promise<Executor
     throw err;
   }
   const sweeper = startSweeper(deps, owner);
+  const retention = startRetentionSweeper(deps);
   logger.info('executor started', { owner });
   let stopping: Promise<void> | null = null;
   return {
@@ -42,7 +44,7 @@ export async function startExecutor(deps: Deps, owner: string): Promise<Executor
   };
 
   async function stop(graceMs: number): Promise<void> {
-    await sweeper.stop();
+    await Promise.all([sweeper.stop(), retention.stop()]);
     // No new jobs from here on; running ones get the grace to finish.
     const stopped = runner.stop();
     const deadline = Date.now() + graceMs;

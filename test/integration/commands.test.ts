@@ -36,7 +36,7 @@ describe('sarsen command', function () {
         const worker = await pool.query(`SELECT count(*)::int AS n FROM graphile_worker.migrations`);
         expect(worker.rows[0].n).to.be.greaterThan(0);
         const settings = await pool.query(`SELECT count(*)::int AS n FROM sarsen.settings`);
-        expect(settings.rows[0].n).to.equal(19);
+        expect(settings.rows[0].n).to.equal(20);
       } finally {
         await pool.end();
       }
