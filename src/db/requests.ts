@@ -22,6 +22,8 @@ export type ClaimedAttempt = {
   body: string;
   /** The sequence number this attempt's first stream frame takes. */
   firstSeq: number;
+  /** The caller's own provider credential, sealed (caller-credential backends only). */
+  sealedCredential: Buffer | null;
 };
 
 /** Takes a pending request for this worker: the attempt number it returns fences every later write. */
@@ -47,8 +49,9 @@ export async function claimAttempt(pool: Pool, id: string, owner: string, leaseM
        ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE SET provider_calls = key_usage_hourly.provider_calls + 1
        RETURNING 1
      )
-     SELECT c.*, b.body, (SELECT count(*) FROM counted) + (SELECT count(*) FROM per_key) AS counted
-       FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id`,
+     SELECT c.*, b.body, k.sealed AS sealed_credential, (SELECT count(*) FROM counted) + (SELECT count(*) FROM per_key) AS counted
+       FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id
+       LEFT JOIN sarsen.request_credentials k ON k.request_id = c.id`,
     [id, owner, leaseMs, shard()],
   );
   const row = rows[0];
@@ -64,6 +67,7 @@ export async function claimAttempt(pool: Pool, id: string, owner: string, leaseM
     hops: row.hops,
     body: row.body,
     firstSeq: row.stream_first_seq,
+    sealedCredential: row.sealed_credential,
   };
 }
 
@@ -111,6 +115,8 @@ WITH cost AS (
   RETURNING q.tenancy_id, q.namespace_id, q.api_key_id, (SELECT micros FROM cost) AS micros
 ), answer AS (
   INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT $1, $7, $8, $9 FROM done RETURNING 1
+), forgotten AS (
+  DELETE FROM sarsen.request_credentials WHERE request_id = $1 AND EXISTS (SELECT 1 FROM done) RETURNING 1
 ), rollup AS (
   INSERT INTO sarsen.usage_rollup (namespace_id, shard, upstream_sent_bytes, upstream_received_bytes, response_bytes)
   SELECT namespace_id, $10, $11, $12, $6 FROM done
@@ -147,7 +153,8 @@ WITH cost AS (
 )
 SELECT (SELECT count(*) FROM done) AS done,
        (SELECT count(*) FROM answer) + (SELECT count(*) FROM rollup) + (SELECT count(*) FROM per_key)
-         + (SELECT count(*) FROM charged) + (SELECT count(*) FROM spent) + (SELECT count(*) FROM notified) AS writes`;
+         + (SELECT count(*) FROM charged) + (SELECT count(*) FROM spent) + (SELECT count(*) FROM notified)
+         + (SELECT count(*) FROM forgotten) AS writes`;
 
 /**
  * Fenced terminal success, in one statement: the answer, tokens, token cost (ledger, and a
@@ -175,6 +182,8 @@ WITH done AS (
 ), answer AS (
   INSERT INTO sarsen.responses (request_id, status, content_type, body)
   SELECT $1, coalesce($3, 502), 'application/json', $5 FROM done RETURNING 1
+), forgotten AS (
+  DELETE FROM sarsen.request_credentials WHERE request_id = $1 AND EXISTS (SELECT 1 FROM done) RETURNING 1
 ), released AS (
   -- A terminal failure releases the claim: the same body afterwards is a new request.
   DELETE FROM sarsen.idempotency_claims WHERE request_id = $1 AND EXISTS (SELECT 1 FROM done) RETURNING 1
@@ -191,7 +200,7 @@ WITH done AS (
 )
 SELECT (SELECT count(*) FROM done) AS done,
        (SELECT count(*) FROM answer) + (SELECT count(*) FROM released) + (SELECT count(*) FROM rollup)
-         + (SELECT count(*) FROM notified) AS writes`;
+         + (SELECT count(*) FROM notified) + (SELECT count(*) FROM forgotten) AS writes`;
 
 /**
  * Fenced terminal failure: the stored error body, the provider's status and retry-after when

@@ -27,6 +27,8 @@ export type NewRequest = Readonly<{
   identity: Buffer;
   windowMs: number;
   feeMicros: number;
+  /** A caller-credential backend's credential, sealed for the request id it will belong to. */
+  sealedCredential: ((requestId: string) => Buffer) | null;
 }>;
 
 export type Submitted = { requestId: string; attached: boolean; status: RequestStatus };
@@ -79,6 +81,8 @@ WITH claim AS (
     SET accepted_submissions = usage_rollup.accepted_submissions + 1,
         request_bytes = usage_rollup.request_bytes + EXCLUDED.request_bytes
   RETURNING 1
+), credential AS (
+  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT $1, $17 FROM claim WHERE $17::bytea IS NOT NULL RETURNING 1
 ), hourly AS (
   INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events)
   SELECT $3, $4, date_trunc('hour', now()), $13, 1 WHERE EXISTS (SELECT 1 FROM entry)
@@ -88,12 +92,13 @@ WITH claim AS (
 SELECT (SELECT request_id FROM claim) AS created,
        (SELECT id FROM live) AS live_id, (SELECT status FROM live) AS live_status,
        (SELECT count(*) FROM request) + (SELECT count(*) FROM body) + (SELECT count(*) FROM job)
-         + (SELECT count(*) FROM counted) + (SELECT count(*) FROM hourly) AS writes`;
+         + (SELECT count(*) FROM counted) + (SELECT count(*) FROM hourly) + (SELECT count(*) FROM credential) AS writes`;
 
 async function submitOnce(db: Pool | PoolClient, r: NewRequest): Promise<Submitted | null> {
   const { rows } = await db.query<{ created: string | null; live_id: string | null; live_status: RequestStatus | null }>(SUBMIT, [
     r.id, r.tenancyId, r.namespaceId, r.apiKeyId, r.backendId, r.dialect, r.streaming, r.model, r.upstreamModel,
     JSON.stringify(r.forwardedHeaders), r.hops, r.body, shard(), r.identity, r.windowMs, r.feeMicros,
+    r.sealedCredential?.(r.id) ?? null,
   ]);
   const row = rows[0]!;
   if (row.created) return { requestId: row.created, attached: false, status: 'pending' };

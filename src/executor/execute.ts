@@ -10,6 +10,7 @@ import * as backends from '../db/backends.ts';
 import * as recovery from '../db/recovery.ts';
 import { retryOnConnectionLoss, isConnectionLoss } from '../db/pool.ts';
 import { openBackendCredential } from '../control/backends.ts';
+import { open } from '../core/sealing.ts';
 import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
 import { createFramer } from '../core/sse-framer.ts';
 import type { ChunkWriter } from './chunk-writer.ts';
@@ -47,6 +48,13 @@ export type ExecutorDeps = Deps & { upstream: Upstream; owner: string; chunks: C
 
 class LeaseLost extends Error {
   override name = 'LeaseLost';
+}
+
+/** The backend's own credential, or for a caller-credential backend the one this request brought. */
+function attemptCredential(deps: ExecutorDeps, a: ClaimedAttempt, backend: backends.BackendForCall): string | null {
+  if (backend.credential_source !== 'caller') return openBackendCredential(deps.keyring, backend);
+  if (!a.sealedCredential) throw new TransportError('The caller credential of this request is no longer held.', { refused: true });
+  return open(deps.keyring, a.sealedCredential, a.id);
 }
 
 /** Storing a frame failed (the database, not the provider): the attempt cannot go on here. */
@@ -133,7 +141,7 @@ async function runAttempt(deps: ExecutorDeps, a: ClaimedAttempt, settings: Setti
       {
         dialect: a.dialect,
         address: backend.address,
-        credential: openBackendCredential(deps.keyring, backend),
+        credential: attemptCredential(deps, a, backend),
         forwarded: a.forwardedHeaders,
         hops: a.hops,
         body: a.body,

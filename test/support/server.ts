@@ -17,11 +17,11 @@ export const testSecrets = (): Secrets =>
 export type TestServer = Sarsen & { db: TestDatabase; secrets: Secrets; close(): Promise<void> };
 
 export async function startTestServer(
-  opts: { db?: TestDatabase; role?: Role; credentialPassthrough?: boolean; settings?: Partial<Settings> } = {},
+  opts: { db?: TestDatabase; role?: Role; credentialPassthrough?: boolean; settings?: Partial<Settings>; secrets?: Secrets } = {},
 ): Promise<TestServer> {
   const ownDb = !opts.db;
   const db = opts.db ?? (await createTestDatabase(opts.settings));
-  const secrets = testSecrets();
+  const secrets = opts.secrets ?? testSecrets();
   let sarsen: Sarsen;
   try {
     sarsen = await startSarsen({

@@ -23,6 +23,8 @@ import { resolveModel } from '../../control/resolve-model.ts';
 import type { Dialect } from '../../db/requests.ts';
 import { submitRequest, MeteringRefusal, type Submitted } from '../../db/submissions.ts';
 import { retryOnConnectionLoss } from '../../db/pool.ts';
+import { seal } from '../../core/sealing.ts';
+import { callerCredential, credentialIdentity } from './caller-credential.ts';
 
 export type Submission = Submitted & { streaming: boolean };
 
@@ -70,13 +72,21 @@ export async function acceptSubmission(
       `Model ${JSON.stringify(model)} routes to a ${backend.dialect}-dialect backend; this route speaks ${dialect}. Sarsen does not translate between dialects.`,
     );
   }
+  let credential: string | null = null;
   if (backend.credential_source === 'caller') {
-    throw new ServiceError(
-      'passthrough_disabled',
-      opts.fireAndForget || !deps.serve.credentialPassthrough
-        ? 'This model routes to a caller-credential backend, which is not available here.'
-        : 'Caller-credential backends are not supported by this build yet.',
-    );
+    if (!deps.serve.credentialPassthrough) {
+      throw new ServiceError('passthrough_disabled', 'This model routes to a caller-credential backend, which this deployment does not enable.');
+    }
+    if (opts.fireAndForget) {
+      throw new ServiceError('passthrough_disabled', 'Caller-credential backends take synchronous submissions only: POST /chat/completions or /messages.');
+    }
+    credential = callerCredential(req.headers);
+    if (credential === null) {
+      throw new ServiceError(
+        'caller_credential_missing',
+        'This backend forwards your own provider credential: send it in Authorization or x-api-key, and the Sarsen key in X-Sarsen-Key.',
+      );
+    }
   }
 
   const upstreamModel = rule.rewrite_model ?? model;
@@ -95,7 +105,16 @@ export async function acceptSubmission(
     forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
     hops,
     body,
-    identity: Buffer.from(identityHash({ dialect, canonicalText: text }), 'hex'),
+    identity: Buffer.from(
+      identityHash({
+        dialect,
+        canonicalText: text,
+        credentialHash: credential === null ? undefined : credentialIdentity(deps.secrets.apiKeyHashKey, credential),
+      }),
+      'hex',
+    ),
+    // Sealed under credential-key and bound to the request; destroyed with the terminal write.
+    sealedCredential: credential === null ? null : (id: string) => seal(deps.keyring, credential!, id),
     windowMs: settings.idempotency_window_ms,
     feeMicros: settings.request_fee_micros,
   }, { enabled: settings.metering_enabled })).catch((err: unknown) => {
