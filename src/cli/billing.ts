@@ -8,8 +8,8 @@ import { grantCredit, setPrice } from '../db/accounting.ts';
 
 const USAGE = 'usage: sarsen credit grant TENANCY MICRO_CREDITS | sarsen prices set MODEL PROMPT_PER_MTOK COMPLETION_PER_MTOK';
 
-function amount(text: string | undefined, what: string, allowNegative = false): number {
-  const n = text !== undefined && (allowNegative ? /^-?\d{1,15}$/ : /^\d{1,15}$/).test(text) ? Number(text) : NaN;
+function amount(text: string | undefined, what: string): number {
+  const n = text !== undefined && /^\d{1,15}$/.test(text) ? Number(text) : NaN;
   if (!Number.isSafeInteger(n)) throw new ConfigError(`${what} must be an integer number of micro-credits.\n${USAGE}`);
   return n;
 }
@@ -20,8 +20,7 @@ export async function billingCommand(db: OpenDatabase, name: 'credit' | 'prices'
   try {
     await migrate(db.conn, pool);
     if (name === 'credit' && verb === 'grant' && subject && rest.length === 1) {
-      // A negative grant corrects a mistaken one.
-      const balance = await grantCredit(pool, subject, amount(rest[0], 'The amount', true));
+      const balance = await grantCredit(pool, subject, amount(rest[0], 'The amount'));
       if (balance === null) throw new ConfigError(`No tenancy ${JSON.stringify(subject)}.`);
       out(`balance: ${balance}`);
       return;

@@ -5,6 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { createEmptyDatabase, createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
 import { makeSecretsDir, sarsenEnv, spawnSarsen, type SecretsDir } from '../support/child.ts';
+import { registerSecret } from '../support/log-guard.ts';
 
 describe('sarsen command', function () {
   this.timeout(120_000);
@@ -124,6 +125,42 @@ describe('sarsen command', function () {
       }
       expect((await run('get', 'max_attempts')).out.trim()).to.equal('5');
       expect((await run('get', 'lease_ms')).out.trim()).to.equal('30000');
+    });
+  });
+
+  describe('credit and prices', () => {
+    it('grants credit to a tenancy and sets a price; refuses bad amounts and unknown tenancies', async () => {
+      const db = await createTestDatabase();
+      const secrets = makeSecretsDir(db.conn);
+      const run = async (...args: string[]) => {
+        const child = spawnSarsen(args, sarsenEnv(db.conn, secrets.dir));
+        const { code } = await child.exited;
+        return { code, out: child.output() };
+      };
+      try {
+        const created = await run('tenancy', 'create', 'billed', '--owner', 'owner@billed.test');
+        expect(created.code, created.out).to.equal(0);
+        const pw = /^password: (\S+)$/m.exec(created.out)?.[1];
+        if (pw) registerSecret(pw);
+        expect(await run('credit', 'grant', 'billed', '5000000')).to.deep.include({ code: 0 });
+        const again = await run('credit', 'grant', 'billed', '1000000');
+        expect(again.out).to.match(/^balance: 6000000$/m);
+        expect((await run('credit', 'grant', 'billed', 'x')).code).to.equal(1);
+        expect((await run('credit', 'grant', 'nobody', '5')).code).to.equal(1);
+        expect((await run('credit', 'grant', 'billed', '1.5')).code).to.equal(1);
+        expect((await run('prices', 'set', 'gpt-x', '150000', '600000')).code).to.equal(0);
+        expect((await run('prices', 'set', 'gpt-x', 'cheap', '1')).code).to.equal(1);
+        const pool = testPool(db.conn);
+        try {
+          const price = await pool.query(`SELECT prompt_micros_per_mtok, completion_micros_per_mtok FROM sarsen.prices WHERE model = 'gpt-x'`);
+          expect(price.rows[0]).to.deep.equal({ prompt_micros_per_mtok: 150000, completion_micros_per_mtok: 600000 });
+        } finally {
+          await pool.end();
+        }
+      } finally {
+        secrets.remove();
+        await db.drop();
+      }
     });
   });
 
