@@ -6,7 +6,7 @@ import { withTransaction } from './pool.ts';
 export type RequestStatus = 'pending' | 'running' | 'succeeded' | 'failed';
 export type Dialect = 'chat' | 'messages';
 
-import { shard } from './submissions.ts';
+import { shard, KEY_SHARDS } from './submissions.ts';
 
 const NOTIFY = `pg_notify('sarsen_events', json_build_object('k', 'req:' || $1::text, 's', $2::text)::text)`;
 
@@ -44,7 +44,7 @@ export async function claimAttempt(pool: Pool, id: string, owner: string, leaseM
        RETURNING 1
      ), per_key AS (
        INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, provider_calls)
-       SELECT q.namespace_id, q.api_key_id, date_trunc('hour', now()), $4, 1
+       SELECT q.namespace_id, q.api_key_id, date_trunc('hour', now()), $4::int % ${KEY_SHARDS}, 1
          FROM claimed c JOIN sarsen.requests q ON q.id = c.id WHERE c.attempts = 1 AND q.api_key_id IS NOT NULL
        ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE SET provider_calls = key_usage_hourly.provider_calls + 1
        RETURNING 1
@@ -131,7 +131,7 @@ WITH cost AS (
   RETURNING 1
 ), per_key AS (
   INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, prompt_tokens, completion_tokens, total_tokens)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), $10, (SELECT count(*) FROM entry), $3, $4, $5 FROM done
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), $10::int % ${KEY_SHARDS}, (SELECT count(*) FROM entry), $3, $4, $5 FROM done
    WHERE api_key_id IS NOT NULL
   ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
     SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events,

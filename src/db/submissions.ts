@@ -10,6 +10,11 @@ import type { Dialect, RequestStatus } from './requests.ts';
 const ROLLUP_SHARDS = 16;
 /** Counters are sharded so concurrent writers do not queue on one row; reads sum the shards. */
 export const shard = (): number => Math.floor(Math.random() * ROLLUP_SHARDS);
+/**
+ * Per-key hourly rows see far fewer writers than a namespace's counters, and GET /usage reads
+ * one row per key, hour and shard of its window: a few shards keep that read small.
+ */
+export const KEY_SHARDS = 4;
 
 export type NewRequest = Readonly<{
   id: string;
@@ -85,7 +90,7 @@ WITH claim AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT $1, $17 FROM claim WHERE $17::bytea IS NOT NULL RETURNING 1
 ), hourly AS (
   INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events)
-  SELECT $3, $4, date_trunc('hour', now()), $13, 1 WHERE EXISTS (SELECT 1 FROM entry)
+  SELECT $3, $4, date_trunc('hour', now()), $13::int % ${KEY_SHARDS}, 1 WHERE EXISTS (SELECT 1 FROM entry)
   ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE SET ledger_events = key_usage_hourly.ledger_events + 1
   RETURNING 1
 )
