@@ -10,6 +10,7 @@
 import crypto from 'node:crypto';
 import type pg from 'pg';
 import { call, createTenancy, signInAndChoose } from '../../test/support/control-plane.ts';
+import { KEY_SHARDS } from '../../src/db/submissions.ts';
 
 export type AccountsTenant = {
   tenancy: string;
@@ -113,7 +114,7 @@ SELECT q.tenancy_id, q.namespace_id, q.api_key_id, q.id, 'execution', q.cost_mic
 const HOURLY = `
 INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, provider_calls,
   prompt_tokens, completion_tokens, total_tokens)
-SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at), ${SHARD}, count(*), count(*) FILTER (WHERE q.attempts >= 1),
+SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at), ${SHARD} % ${KEY_SHARDS}, count(*), count(*) FILTER (WHERE q.attempts >= 1),
        sum(q.prompt_tokens), sum(q.completion_tokens), sum(q.total_tokens)
   FROM sarsen.requests q WHERE q.namespace_id = $1
  GROUP BY 1, 2, 3, 4`;
