@@ -144,7 +144,8 @@ async function levelPhase(side: Side, n: number, provider: PacedProvider, sarsen
     const results = await Promise.all(Array.from({ length: n }, (_, i) => opened(i).then(() => send(side, agent, LEVEL_TIMEOUT_MS, abort.signal))));
     const wallMs = performance.now() - t0;
     const own = process.cpuUsage(own0);
-    const pgCores = (postgresCpuMs(pgPort) - pg0) / wallMs;
+    // Backends that exited during the phase take their CPU time with them: a floor, not exact.
+    const pgCores = Math.max(0, (postgresCpuMs(pgPort) - pg0) / wallMs);
     const delays = frameDelays(results, provider);
     const tt = ttfbs(results);
     const live = results.filter((r) => r.arrivals.length > 0).map((r) => [r.arrivals[0]!, r.arrivals[r.arrivals.length - 1]!] as const);
