@@ -112,6 +112,7 @@ export async function replay(deps: Deps, req: Request, res: Response, record: Re
   const left = new AbortController();
   res.on('close', () => left.abort());
   res.writeHead(200, SSE_HEADERS);
+  res.flushHeaders(); // a replay of a pending request shows its 200 at once, before any frame
   for await (const ev of follow(deps, record.id, { afterSeq, idleMs: keepAliveMs, signal: left.signal })) {
     if (ev.type === 'frame') await send(res, Buffer.concat([Buffer.from(`id: ${ev.seq}\n`), ev.frame]));
     else if (ev.type === 'idle') await send(res, KEEP_ALIVE);
