@@ -112,3 +112,20 @@ export async function handBack(pool: Pool, id: string, attempt: number): Promise
     return true;
   });
 }
+
+/**
+ * Pending requests whose job a worker locked and then died with, before it could claim the
+ * request: graphile-worker would only free such a job hours later. A fresh job under the same
+ * key replaces it now. (Should the locking worker be alive after all, the claim's fence lets
+ * only one of the two runs proceed.)
+ */
+export async function redispatchStranded(pool: Pool, lockedForMs: number, limit = 100): Promise<string[]> {
+  const { rows } = await pool.query<{ id: string }>(
+    `SELECT q.id, graphile_worker.add_job('execute_request', json_build_object('request_id', q.id), job_key => q.id, max_attempts => 25)
+       FROM sarsen.requests q JOIN graphile_worker.jobs j ON j.key = q.id
+      WHERE q.status = 'pending' AND j.locked_at < now() - make_interval(secs => $1::double precision / 1000)
+      LIMIT $2`,
+    [lockedForMs, limit],
+  );
+  return rows.map((r) => r.id);
+}

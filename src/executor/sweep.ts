@@ -1,7 +1,7 @@
 // The recovery sweep: every executor process, every `sweep_interval_ms` (not cron: cron has
 // minute granularity), re-dispatches requests whose worker died or whose lease expired.
 import type { Deps } from '../deps.ts';
-import { recoverDeadAttempts } from '../db/recovery.ts';
+import { recoverDeadAttempts, redispatchStranded } from '../db/recovery.ts';
 import { logger, errorFields } from '../log.ts';
 
 const BATCH = 100;
@@ -14,6 +14,8 @@ export function startSweeper(deps: Deps, owner: string): Sweeper {
   let running: Promise<number> | null = null;
 
   const runOnce = async (): Promise<number> => {
+    const stranded = await redispatchStranded(deps.pool, deps.settings.current().lease_ms);
+    for (const id of stranded) logger.warn('re-dispatched a request whose job a dead worker held', { request_id: id });
     let total = 0;
     for (;;) {
       const recovered = await recoverDeadAttempts(deps.pool, owner, BATCH);
