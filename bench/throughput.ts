@@ -3,8 +3,10 @@
 // fake provider, then through a real Sarsen child process (every body distinct, so every
 // request is a durable execution), then fire-and-forget `POST /requests` acceptance.
 //
-// Run: npm run bench:throughput [-- --seconds 5 --warmup 1 --concurrency 1,16,64 --profile]
-// `--profile` adds a run through a counting PostgreSQL proxy with --cpu-prof on the child.
+// Run: npm run bench:throughput [-- --seconds 5 --warmup 1 --concurrency 1,16,64 --accept-concurrency 64]
+// `--profile` then starts a second Sarsen child that reaches PostgreSQL through a counting
+// proxy and runs with --cpu-prof, and reports where the time goes (`--profile-concurrency 16`;
+// `--keep-profile` keeps the .cpuprofile file for a viewer).
 import os from 'node:os';
 import crypto from 'node:crypto';
 import { parseArgs } from 'node:util';
