@@ -2,6 +2,7 @@
 import type { Pool, PoolClient } from './pool.ts';
 import { withTransaction } from './pool.ts';
 import { shard } from './submissions.ts';
+import { enqueueSql } from './jobs.ts';
 
 /**
  * Every executor process holds this session-level advisory lock on its bus connection for as
@@ -65,8 +66,7 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
     if (rows.length === 0) return [];
     const ids = rows.map((r) => r.id);
     await c.query(
-      `SELECT graphile_worker.add_job('execute_request', json_build_object('request_id', id), job_key => id, max_attempts => 25)
-         FROM unnest($1::text[]) AS id`,
+      `SELECT ${enqueueSql('id')} FROM unnest($1::text[]) AS id`,
       [ids],
     );
     await c.query(
@@ -105,7 +105,7 @@ export async function handBack(pool: Pool, id: string, attempt: number): Promise
     );
     if (rowCount !== 1) return false;
     await c.query(
-      `SELECT graphile_worker.add_job('execute_request', json_build_object('request_id', $1::text), job_key => $1::text, max_attempts => 25)`,
+      `SELECT ${enqueueSql('$1::text')}`,
       [id],
     );
     await c.query(`SELECT pg_notify('sarsen_events', json_build_object('k', 'req:' || $1::text, 's', 'superseded')::text)`, [id]);
@@ -121,7 +121,7 @@ export async function handBack(pool: Pool, id: string, attempt: number): Promise
  */
 export async function redispatchStranded(pool: Pool, lockedForMs: number, limit = 100): Promise<string[]> {
   const { rows } = await pool.query<{ id: string }>(
-    `SELECT q.id, graphile_worker.add_job('execute_request', json_build_object('request_id', q.id), job_key => q.id, max_attempts => 25)
+    `SELECT q.id, ${enqueueSql('q.id')}
        FROM sarsen.requests q JOIN graphile_worker.jobs j ON j.key = q.id
       WHERE q.status = 'pending' AND j.locked_at < now() - make_interval(secs => $1::double precision / 1000)
       LIMIT $2`,

@@ -7,6 +7,7 @@ export type RequestStatus = 'pending' | 'running' | 'succeeded' | 'failed';
 export type Dialect = 'chat' | 'messages';
 
 import { shard, KEY_SHARDS } from './submissions.ts';
+import { enqueueSql } from './jobs.ts';
 
 const NOTIFY = `pg_notify('sarsen_events', json_build_object('k', 'req:' || $1::text, 's', $2::text)::text)`;
 
@@ -230,8 +231,7 @@ export async function scheduleRetry(pool: Pool, f: { id: string; attempt: number
     const row = rows[0];
     if (!row) return false;
     await c.query(
-      `SELECT graphile_worker.add_job('execute_request', json_build_object('request_id', $1::text),
-         run_at => $2::timestamptz, job_key => $1::text, max_attempts => 25)`,
+      `SELECT ${enqueueSql('$1::text', '$2::timestamptz')}`,
       [f.id, row.next_retry_at],
     );
     await countTraffic(c, f.id, f);

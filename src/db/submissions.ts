@@ -6,6 +6,7 @@
 import type { Pool, PoolClient } from './pool.ts';
 import { withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
+import { enqueueSql } from './jobs.ts';
 
 const ROLLUP_SHARDS = 16;
 /** Counters are sharded so concurrent writers do not queue on one row; reads sum the shards. */
@@ -69,8 +70,7 @@ WITH claim AS (
 ), body AS (
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT $1, $12 FROM claim RETURNING 1
 ), job AS (
-  SELECT graphile_worker.add_job('execute_request', json_build_object('request_id', $1::text), job_key => $1::text, max_attempts => 25)
-    FROM claim
+  SELECT ${enqueueSql('$1::text')} FROM claim
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT $2, $3, $4, coalesce((SELECT request_id FROM claim), (SELECT id FROM live)),
