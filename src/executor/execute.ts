@@ -15,7 +15,7 @@ import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
 import { createFramer } from '../core/sse-framer.ts';
 import type { ChunkWriter } from './chunk-writer.ts';
 import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.ts';
-import { errorBody } from '../http/errors.ts';
+import { errorBody } from '../core/errors.ts';
 import { TransportError, describeTransportError, type Upstream, type UpstreamResponse } from './upstream.ts';
 import { logger, errorFields } from '../log.ts';
 

@@ -3,7 +3,7 @@
 import express from 'express';
 import type { Request, Response, NextFunction, Router } from 'express';
 import crypto from 'node:crypto';
-import { ServiceError, errorBody, type ErrorCode } from './errors.ts';
+import { ServiceError, errorBody, type ErrorCode } from '../core/errors.ts';
 import { bodyWasAbandoned } from './body.ts';
 import { logger, errorFields } from '../log.ts';
 

@@ -2,7 +2,7 @@
 // them, never from a re-serialised object) with the 2 MiB limit enforced while reading, so a
 // larger body costs no more memory than the limit.
 import type { Request } from 'express';
-import { ServiceError } from './errors.ts';
+import { ServiceError } from '../core/errors.ts';
 
 /** SPEC.md Limits: fixed at build time, not a deployment figure. */
 export const MAX_SUBMISSION_BYTES = 2 * 1024 * 1024;

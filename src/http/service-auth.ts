@@ -9,7 +9,7 @@
 // a coalescing flusher: at most one UPDATE per LAST_USED_FLUSH_MS for all keys used.
 import type { Request, Response, NextFunction, RequestHandler } from 'express';
 import type { Deps } from '../deps.ts';
-import { ServiceError } from './errors.ts';
+import { ServiceError } from '../core/errors.ts';
 import { parseApiKey, verifyApiKeySecret, looksLikeSarsenKey } from '../core/api-keys.ts';
 import { findKeyForAuth, recordKeysUsed, type Grant, type KeyForAuth } from '../db/api-keys.ts';
 import { logger, errorFields } from '../log.ts';

@@ -7,7 +7,7 @@ import express from 'express';
 import type { AddressInfo } from 'node:net';
 import { createApp } from '../../src/http/app.ts';
 import { readBody, readJsonDocument, MAX_SUBMISSION_BYTES } from '../../src/http/body.ts';
-import { ServiceError, ERROR_CODES } from '../../src/http/errors.ts';
+import { ServiceError, ERROR_CODES } from '../../src/core/errors.ts';
 import { addLogSink } from '../../src/log.ts';
 import { track } from '../support/resources.ts';
 

@@ -1,9 +1,9 @@
-// One table of codes (src/http/errors.ts) mirroring SPEC.md's error table with `service`
+// One table of codes (src/core/errors.ts) mirroring SPEC.md's error table with `service`
 // rendered as `sarsen`; this checks it is documented in the README and actually raised.
 import { expect } from 'chai';
 import fs from 'node:fs';
 import path from 'node:path';
-import { ERROR_CODES } from '../../src/http/errors.ts';
+import { ERROR_CODES } from '../../src/core/errors.ts';
 
 // SPEC.md "Errors", in its order (statuses and codes), with DESIGN.md's renaming.
 const SPEC_TABLE: [number, string][] = [
@@ -40,7 +40,7 @@ describe('error codes', () => {
 
   it('every code is raised somewhere in src/ (outside the table), except those not built yet', () => {
     const sources = sourceFiles('src')
-      .filter((f) => !f.endsWith(path.join('http', 'errors.ts')))
+      .filter((f) => !f.endsWith(path.join('core', 'errors.ts')))
       .map((f) => fs.readFileSync(f, 'utf8'))
       .join('\n');
     for (const code of Object.keys(ERROR_CODES)) {

@@ -4,7 +4,7 @@
 import { z } from 'zod';
 import type { Router } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { generateApiKey, hashApiKeySecret } from '../../core/api-keys.ts';
 import { insertApiKey, findApiKey, listApiKeys, revokeApiKey, type ApiKeyRow, type Grant } from '../../db/api-keys.ts';

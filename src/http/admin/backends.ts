@@ -5,7 +5,7 @@ import net from 'node:net';
 import { z } from 'zod';
 import type { Router } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { seal } from '../../core/sealing.ts';
 import { checkHostAllowed } from '../../core/address-policy.ts';

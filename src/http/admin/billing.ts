@@ -1,7 +1,7 @@
 // GET /{tenancy}/v1/billing and /billing/ledger (owner): balance, metering, ledger pages.
 import type { Router } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { consoleAuth, consoleOf } from './console-auth.ts';
 import { isoTime } from './validate.ts';
 import { creditBalance, ledgerPage } from '../../db/accounting.ts';

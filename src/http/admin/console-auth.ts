@@ -5,7 +5,7 @@ import crypto from 'node:crypto';
 import { z } from 'zod';
 import type { Request, Response, NextFunction, RequestHandler, Router } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { withTransaction } from '../../db/pool.ts';
 import {
   findUser,

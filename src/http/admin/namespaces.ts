@@ -2,7 +2,7 @@
 import { z } from 'zod';
 import type { Request, Response, NextFunction, RequestHandler, Router } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { isNamespaceName } from '../../core/slugs.ts';
 import { effectiveRetentionMinutes } from '../../core/retention.ts';

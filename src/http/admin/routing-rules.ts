@@ -3,7 +3,7 @@
 import { z } from 'zod';
 import type { Router } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { withTransaction, type PoolClient } from '../../db/pool.ts';
 import { findBackend } from '../../db/backends.ts';

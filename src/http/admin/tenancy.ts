@@ -2,7 +2,7 @@
 import { z } from 'zod';
 import type { Router } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { findTenancy, updateTenancy, type TenancyRow } from '../../db/tenancies.ts';
 import { effectiveRetentionMinutes } from '../../core/retention.ts';
 import { consoleAuth, consoleOf } from './console-auth.ts';

@@ -3,7 +3,7 @@
 import { z } from 'zod';
 import type { Request } from 'express';
 import { readJsonDocument } from '../body.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 
 function describeIssue(issue: z.core.$ZodIssue): string {
   if (issue.code === 'unrecognized_keys') {

@@ -3,7 +3,7 @@
 import type { Request, Router } from 'express';
 import type { Deps } from '../../deps.ts';
 import { serviceAuth, serviceAuthOf } from '../service-auth.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { encodeCursor, decodeCursor } from '../../core/cursor.ts';
 import { listRequests, namespaceTotals, usageByKey, type ListingRow } from '../../db/accounting.ts';
 

@@ -3,7 +3,7 @@
 import express, { type Request, type Response, type Router } from 'express';
 import type { Deps } from '../../deps.ts';
 import { serviceAuth, serviceAuthOf } from '../service-auth.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { acceptSubmission } from './submit.ts';
 import { waitForTerminal } from './wait.ts';
 import { recordJson } from './record.ts';

@@ -2,7 +2,7 @@
 // and the replay by id with `id:` lines and Last-Event-ID resume (SPEC.md "Events").
 import type { Request, Response } from 'express';
 import type { Deps } from '../../deps.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { readRecord, type RecordRow } from '../../db/requests.ts';
 import { follow, sseEvent, SUPERSEDED_EVENT } from './follow.ts';
 

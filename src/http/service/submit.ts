@@ -4,7 +4,7 @@
 import type { Request } from 'express';
 import type { Deps } from '../../deps.ts';
 import type { ServiceAuth } from '../service-auth.ts';
-import { ServiceError } from '../errors.ts';
+import { ServiceError } from '../../core/errors.ts';
 import { readBody, decodeUtf8, MAX_SUBMISSION_BYTES } from '../body.ts';
 import {
   parseCanonical,
