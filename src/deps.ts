@@ -5,8 +5,12 @@ import type { SettingsCache } from './config/settings.ts';
 import type { Secrets } from './config/secrets.ts';
 import type { ServeOptions } from './config/config.ts';
 import type { Keyring } from './core/sealing.ts';
+import type { Submitter } from './http/service/submitter.ts';
 
-export type Deps = Readonly<{
+/** What every part of a process is built with. */
+export type BaseDeps = Readonly<{
+  /** Names this process: its leases' owner, and the origin of the events it NOTIFYs. */
+  processId: string;
   pool: Pool;
   bus: Bus;
   settings: SettingsCache;
@@ -15,3 +19,6 @@ export type Deps = Readonly<{
   /** Seals provider credentials at rest (credential-key, version 1). */
   keyring: Keyring;
 }>;
+
+/** The API role's: it also accepts submissions (group-committed; claimed here when this process executes too). */
+export type Deps = BaseDeps & Readonly<{ submitter: Submitter }>;

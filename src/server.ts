@@ -12,11 +12,12 @@ import { createApp } from './http/app.ts';
 import { trackConnections } from './http/drain.ts';
 import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
-import type { Deps } from './deps.ts';
+import type { BaseDeps, Deps } from './deps.ts';
 import { apiRouters } from './http/routes.ts';
 import { startExecutor, type Executor } from './executor/worker.ts';
 import { holdLivenessLock } from './db/recovery.ts';
 import { newId } from './core/ids.ts';
+import { createSubmitter } from './http/service/submitter.ts';
 
 export type SarsenOptions = Readonly<{
   conn: ConnectionConfig;
@@ -42,16 +43,20 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
   try {
     // Schema first: nothing binds before the database is at the version this code expects.
     await migrate(opts.conn, pool);
-    // An executor's liveness lock lives on the bus connection: if the process dies, the lock
-    // goes with its session and any sweeper sees at once that its leases are orphaned.
-    const owner = opts.serve.role === 'api' ? null : newId('wrk');
-    const bus = createBus(opts.conn, owner ? { onConnect: (client) => holdLivenessLock(client, owner) } : {});
+    // One id names this process: the origin of the events it NOTIFYs and, when it executes,
+    // the owner of its leases. An executor's liveness lock lives on the bus connection: if the
+    // process dies, the lock goes with its session and any sweeper sees at once that its
+    // leases are orphaned.
+    const processId = newId('wrk');
+    const executes = opts.serve.role !== 'api';
+    const bus = createBus(opts.conn, { origin: processId, ...(executes ? { onConnect: (client) => holdLivenessLock(client, processId) } : {}) });
     cleanups.push(() => bus.close());
     await bus.ready();
     const settings = await createSettingsCache(pool, bus);
     cleanups.push(() => settings.close());
 
-    const deps: Deps = Object.freeze({
+    const base: BaseDeps = Object.freeze({
+      processId,
       pool,
       bus,
       settings,
@@ -59,6 +64,9 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
       serve: opts.serve,
       keyring: createKeyring([{ version: 1, secret: opts.secrets.credentialKey }]),
     });
+    const executor: Executor | null = executes ? await startExecutor(base, opts.conn, { concurrency: opts.serve.executorConcurrency }) : null;
+    if (executor) cleanups.push(() => executor.stop(0));
+    const deps: Deps = Object.freeze({ ...base, submitter: createSubmitter(pool, settings, executor?.runner ?? null) });
     const api = opts.serve.role === 'executor' ? { routers: [], close: async () => {} } : apiRouters(deps);
     cleanups.push(() => api.close());
     const app = createApp({
@@ -68,8 +76,6 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
         return migrationsApplied(pool);
       },
     });
-    const executor: Executor | null = owner ? await startExecutor(deps, owner) : null;
-    if (executor) cleanups.push(() => executor.stop(0));
     const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
     const connections = trackConnections(server);
     await new Promise<void>((resolve, reject) => {

@@ -1,13 +1,14 @@
 // graphile-worker task `execute_request`: its payload names a request; the row says the rest.
 // The job key is the request id, so `graphile_worker.jobs where key = 'req_…'` finds its work.
 import type { Task } from 'graphile-worker';
-import { executeRequest, payloadSchema, type ExecutorDeps } from '../src/executor/execute.ts';
+import { z } from 'zod';
+import type { Runner } from '../src/executor/runner.ts';
 
-export const EXECUTE_REQUEST = 'execute_request';
+export const payloadSchema = z.object({ request_id: z.string().startsWith('req_') });
 
-export function executeRequestTask(deps: ExecutorDeps): Task {
+export function executeRequestTask(runner: Runner): Task {
   return async (payload) => {
     const { request_id } = payloadSchema.parse(payload);
-    await executeRequest(deps, request_id);
+    await runner.runJob(request_id);
   };
 }

@@ -10,7 +10,7 @@
 import crypto from 'node:crypto';
 import type pg from 'pg';
 import { call, createTenancy, signInAndChoose } from '../../test/support/control-plane.ts';
-import { KEY_SHARDS } from '../../src/db/submissions.ts';
+import { KEY_SHARDS } from '../../src/db/counters.ts';
 
 export type AccountsTenant = {
   tenancy: string;

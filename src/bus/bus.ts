@@ -1,29 +1,67 @@
 // The event bus: one LISTEN connection per process on channel `sarsen_events`, fanned out in
-// memory by routing key. NOTIFY is not replayed after a reconnect, so subscribers also register
-// `onReconnect` to re-read the database; events produced in this process can be delivered
-// in memory (`publishLocal`) without a round trip.
+// memory. Two kinds of message travel on it: control messages routed by their key `k`
+// (`settings`, `api-key`, `routing`, from triggers and administration routes), and request
+// events (src/db/events.ts) routed by request id. NOTIFY is not replayed after a reconnect,
+// so subscribers also register `onReconnect` to re-read the database. Events produced in this
+// process are delivered in memory by their producer (`publishRequest`, `publishLocal`), with
+// their frames or answer attached; the NOTIFY echo of them is dropped.
 import type pg from 'pg';
 import type { ConnectionConfig } from '../db/pool.ts';
 import { createClient } from '../db/pool.ts';
+import { CHANNEL, decodeRequestEvents, type RequestEvent } from '../db/events.ts';
 import { logger, errorFields } from '../log.ts';
 
-export const CHANNEL = 'sarsen_events';
+export { CHANNEL };
 
-/** Every payload carries `k`, its routing key (`settings`, `req:<id>`, ...). */
+/** A control message; `k` is its routing key (`settings`, `api-key`, `routing`). */
 export type BusMessage = { k: string; [field: string]: unknown };
 type Handler = (msg: BusMessage) => void;
+type RequestHandler = (ev: RequestEvent) => void;
 
 export type Bus = {
   subscribe(key: string, handler: Handler): () => void;
-  onReconnect(handler: () => void): () => void;
   publishLocal(msg: BusMessage): void;
+  /** Events of one request, from this process (in memory) and from others (NOTIFY). */
+  onRequest(requestId: string, handler: RequestHandler): () => void;
+  /** Delivers a request event to this process's subscribers (its producer also NOTIFYs it). */
+  publishRequest(ev: RequestEvent): void;
+  onReconnect(handler: () => void): () => void;
   /** Resolves once the LISTEN connection is up (the first time). */
   ready(): Promise<void>;
   close(): Promise<void>;
 };
 
-export function createBus(conn: ConnectionConfig, opts: { onConnect?: (client: pg.Client) => Promise<void> } = {}): Bus {
-  const handlers = new Map<string, Set<Handler>>();
+function fanOut<K, E>() {
+  const handlers = new Map<K, Set<(e: E) => void>>();
+  return {
+    add(key: K, handler: (e: E) => void): () => void {
+      let set = handlers.get(key);
+      if (!set) handlers.set(key, (set = new Set()));
+      set.add(handler);
+      return () => {
+        set.delete(handler);
+        if (set.size === 0 && handlers.get(key) === set) handlers.delete(key);
+      };
+    },
+    deliver(key: K, e: E): void {
+      const set = handlers.get(key);
+      if (!set) return;
+      for (const h of set) {
+        try {
+          h(e);
+        } catch (err) {
+          logger.error('bus subscriber failed', errorFields(err));
+        }
+      }
+    },
+    clear: () => handlers.clear(),
+  };
+}
+
+/** `origin` names this process in the NOTIFYs its statements send (see src/db/events.ts). */
+export function createBus(conn: ConnectionConfig, opts: { origin: string; onConnect?: (client: pg.Client) => Promise<void> }): Bus {
+  const control = fanOut<string, BusMessage>();
+  const requests = fanOut<string, RequestEvent>();
   const reconnectHandlers = new Set<() => void>();
   let client: pg.Client | null = null;
   let closed = false;
@@ -31,18 +69,6 @@ export function createBus(conn: ConnectionConfig, opts: { onConnect?: (client: p
   let retryTimer: NodeJS.Timeout | null = null;
   let resolveReady!: () => void;
   const readyPromise = new Promise<void>((r) => (resolveReady = r));
-
-  const deliver = (msg: BusMessage) => {
-    const set = handlers.get(msg.k);
-    if (!set) return;
-    for (const h of set) {
-      try {
-        h(msg);
-      } catch (err) {
-        logger.error('bus subscriber failed', errorFields(err));
-      }
-    }
-  };
 
   const connect = async (delayMs: number): Promise<void> => {
     if (closed) return;
@@ -55,12 +81,12 @@ export function createBus(conn: ConnectionConfig, opts: { onConnect?: (client: p
       } catch {
         return;
       }
-      if (msg.k === 'chunks' && Array.isArray(msg.r)) {
-        // One NOTIFY per chunk-writer flush names many requests: [[request id, newest seq], ...].
-        for (const entry of msg.r as unknown[]) {
-          if (Array.isArray(entry) && typeof entry[0] === 'string') deliver({ k: `req:${entry[0]}`, seq: entry[1] });
-        }
-      } else if (typeof msg.k === 'string') deliver(msg);
+      const decoded = decodeRequestEvents(msg);
+      if (decoded === null) {
+        if (typeof msg.k === 'string') control.deliver(msg.k, msg);
+      } else if (decoded.origin !== opts.origin) {
+        for (const ev of decoded.events) requests.deliver(ev.requestId, ev);
+      }
     });
     const lost = () => {
       if (client !== c) return;
@@ -105,20 +131,14 @@ export function createBus(conn: ConnectionConfig, opts: { onConnect?: (client: p
   void connect(0);
 
   return {
-    subscribe(key, handler) {
-      let set = handlers.get(key);
-      if (!set) handlers.set(key, (set = new Set()));
-      set.add(handler);
-      return () => {
-        set.delete(handler);
-        if (set.size === 0 && handlers.get(key) === set) handlers.delete(key);
-      };
-    },
+    subscribe: (key, handler) => control.add(key, handler),
+    publishLocal: (msg) => control.deliver(msg.k, msg),
+    onRequest: (requestId, handler) => requests.add(requestId, handler),
+    publishRequest: (ev) => requests.deliver(ev.requestId, ev),
     onReconnect(handler) {
       reconnectHandlers.add(handler);
       return () => reconnectHandlers.delete(handler);
     },
-    publishLocal: deliver,
     ready: () => readyPromise,
     async close() {
       closed = true;
@@ -126,7 +146,8 @@ export function createBus(conn: ConnectionConfig, opts: { onConnect?: (client: p
       retryTimer = null;
       const c = client;
       client = null;
-      handlers.clear();
+      control.clear();
+      requests.clear();
       reconnectHandlers.clear();
       if (c) await c.end().catch(() => undefined);
     },

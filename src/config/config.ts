@@ -15,6 +15,8 @@ export type ServeOptions = Readonly<{
   credentialPassthrough: boolean;
   port: number;
   host: string;
+  /** Attempts an executor runs at once (the provider calls are I/O-bound: one process holds many). */
+  executorConcurrency: number;
 }>;
 
 export type Environment = Readonly<{
@@ -61,6 +63,7 @@ const serveSchema = z.object({
   credentialPassthrough: z.boolean(),
   port,
   host: nonEmpty,
+  executorConcurrency: z.coerce.number().int().min(1).max(100_000),
 });
 
 export type ParsedCommand = Readonly<{ command: string[]; serve: ServeOptions; owner?: string }>;
@@ -78,6 +81,7 @@ export function parseCommandLine(argv: string[], embedded: boolean): ParsedComma
         'credential-passthrough': { type: 'boolean', default: false },
         port: { type: 'string', default: '8080' },
         host: { type: 'string' },
+        'executor-concurrency': { type: 'string', default: '1024' },
         owner: { type: 'string' },
         help: { type: 'boolean', short: 'h', default: false },
       },
@@ -91,6 +95,7 @@ export function parseCommandLine(argv: string[], embedded: boolean): ParsedComma
     credentialPassthrough: v['credential-passthrough'],
     port: v.port,
     host: v.host ?? (embedded ? '127.0.0.1' : '0.0.0.0'),
+    executorConcurrency: v['executor-concurrency'],
   });
   if (!serve.success) throw new ConfigError(`Invalid flags: ${formatIssues(serve.error)}`);
   const command = parsed.positionals.length > 0 ? parsed.positionals : ['serve'];

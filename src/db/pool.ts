@@ -33,6 +33,14 @@ export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: 
   return pool;
 }
 
+/**
+ * A named prepared statement for a hot path: PostgreSQL parses and plans it once per
+ * connection instead of on every call. `name` must be unique to `text`.
+ */
+export function prepared(name: string, text: string): (values: unknown[]) => pg.QueryConfig {
+  return (values) => ({ name, text, values });
+}
+
 export function createClient(conn: ConnectionConfig, name = 'sarsen'): pg.Client {
   const client = new pg.Client({ ...conn, application_name: name, connectionTimeoutMillis: 10_000 });
   client.on('error', (err) => logger.warn('database connection failed', errorFields(err)));

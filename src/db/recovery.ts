@@ -1,8 +1,9 @@
 // The recovery sweep's SQL (DESIGN.md "Leases", "Fast death detection").
 import type { Pool, PoolClient } from './pool.ts';
 import { withTransaction } from './pool.ts';
-import { shard } from './submissions.ts';
+import { addToRollup, shard } from './counters.ts';
 import { enqueueSql } from './jobs.ts';
+import { notifyEvents } from './events.ts';
 
 /**
  * Every executor process holds this session-level advisory lock on its bus connection for as
@@ -55,9 +56,7 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
           WHERE q.id = v.id
          RETURNING q.id, q.namespace_id, v.attempts AS attempt, coalesce(f.bytes, 0) AS bytes
        ), unstored AS (
-         INSERT INTO sarsen.usage_rollup (namespace_id, shard, chunk_bytes)
-         SELECT namespace_id, $3, -sum(bytes) FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0
-         ON CONFLICT (namespace_id, shard) DO UPDATE SET chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes
+         ${addToRollup(['chunk_bytes'], `SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0`, '$3')}
          RETURNING 1
        )
        SELECT id, attempt, (SELECT count(*) FROM unstored) AS unstored FROM requeued`,
@@ -69,10 +68,10 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
       `SELECT ${enqueueSql('id')} FROM unnest($1::text[]) AS id`,
       [ids],
     );
-    await c.query(
-      `SELECT pg_notify('sarsen_events', json_build_object('k', 'req:' || id, 's', 'superseded')::text) FROM unnest($1::text[]) AS id`,
-      [ids],
-    );
+    await c.query(`WITH n AS (${notifyEvents(`SELECT id AS request_id, 'superseded' AS event, NULL AS arg FROM unnest($1::text[]) AS id`, '$2')}) SELECT count(*) FROM n`, [
+      ids,
+      self,
+    ]);
     return rows;
   });
 }
@@ -81,7 +80,7 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
  * Hands a lease back at once (graceful shutdown of an attempt that cannot finish in time):
  * the same re-dispatch as a recovery, counted as one, without waiting for the lease to expire.
  */
-export async function handBack(pool: Pool, id: string, attempt: number): Promise<boolean> {
+export async function handBack(pool: Pool, id: string, attempt: number, origin: string): Promise<boolean> {
   return withTransaction(pool, async (c) => {
     const { rowCount } = await c.query(
       `WITH discarded AS (
@@ -95,9 +94,7 @@ export async function handBack(pool: Pool, id: string, attempt: number): Promise
           WHERE id = $1 AND attempts = $2 AND status = 'running'
          RETURNING namespace_id
        ), unstored AS (
-         INSERT INTO sarsen.usage_rollup (namespace_id, shard, chunk_bytes)
-         SELECT namespace_id, $3, -(SELECT coalesce(sum(bytes), 0) FROM discarded) FROM requeued
-         ON CONFLICT (namespace_id, shard) DO UPDATE SET chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes
+         ${addToRollup(['chunk_bytes'], `SELECT namespace_id, -(SELECT coalesce(sum(bytes), 0) FROM discarded) AS chunk_bytes FROM requeued`, '$3')}
          RETURNING 1
        )
        SELECT (SELECT count(*) FROM unstored) AS n FROM requeued`,
@@ -108,7 +105,7 @@ export async function handBack(pool: Pool, id: string, attempt: number): Promise
       `SELECT ${enqueueSql('$1::text')}`,
       [id],
     );
-    await c.query(`SELECT pg_notify('sarsen_events', json_build_object('k', 'req:' || $1::text, 's', 'superseded')::text)`, [id]);
+    await c.query(`WITH n AS (${notifyEvents(`SELECT $1::text AS request_id, 'superseded' AS event, NULL AS arg`, '$2')}) SELECT count(*) FROM n`, [id, origin]);
     return true;
   });
 }

@@ -1,7 +1,7 @@
 // The retention sweep's SQL (SPEC.md "Retention rules", "Swept record"). Each statement is one
 // bounded batch, index-driven, skipping rows other sweepers hold, so no long lock is taken.
 import type { Pool } from './pool.ts';
-import { shard } from './submissions.ts';
+import { addToRollup, shard } from './counters.ts';
 
 export type NamespaceHorizon = { namespace_id: string; namespace_minutes: number | null; tenancy_minutes: number | null };
 
@@ -35,12 +35,12 @@ WITH victims AS (
     FROM victims v WHERE q.id = v.id
   RETURNING v.namespace_id, v.request_bytes, v.response_bytes, v.chunk_bytes
 ), unstored AS (
-  INSERT INTO sarsen.usage_rollup (namespace_id, shard, request_bytes, response_bytes, chunk_bytes)
-  SELECT namespace_id, $4, -sum(request_bytes), -sum(response_bytes), -sum(chunk_bytes) FROM marked GROUP BY namespace_id
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET request_bytes = usage_rollup.request_bytes + EXCLUDED.request_bytes,
-        response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes,
-        chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes
+  ${addToRollup(
+    ['request_bytes', 'response_bytes', 'chunk_bytes'],
+    `SELECT namespace_id, -sum(request_bytes) AS request_bytes, -sum(response_bytes) AS response_bytes, -sum(chunk_bytes) AS chunk_bytes
+       FROM marked GROUP BY namespace_id`,
+    '$4',
+  )}
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked)::int AS swept,

@@ -1,21 +1,16 @@
-// Submission SQL (SPEC.md "Submission"; DESIGN.md section 3): one statement claims the body's
-// identity or attaches to the live claim, writes the request, its body, the ledger entry and
-// the counters, and enqueues the job. With metering on, the credit and spend caps are checked
-// and debited in the same transaction, under row locks, so concurrent submissions cannot
-// overspend by more than one request's fee.
+// Submission SQL (SPEC.md "Submission"; DESIGN.md section 3): one statement accepts a whole
+// batch of submissions (a group commit). For each it claims the body's identity or attaches to
+// the live claim, and writes the request, its body, the ledger entry, the counters and the
+// graphile-worker job. Identical bodies inside one batch end as one execution. A submission the
+// accepting process will run itself is written already claimed (running, attempt 1, its lease),
+// so no job pickup sits between acceptance and the provider call; its job is due when the lease
+// ends, as the backstop should that process die. With metering on, each submission is its own
+// transaction: credit and spend caps are checked and debited under row locks.
 import type { Pool, PoolClient } from './pool.ts';
-import { withTransaction } from './pool.ts';
+import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
-import { enqueueSql } from './jobs.ts';
-
-const ROLLUP_SHARDS = 16;
-/** Counters are sharded so concurrent writers do not queue on one row; reads sum the shards. */
-export const shard = (): number => Math.floor(Math.random() * ROLLUP_SHARDS);
-/**
- * Per-key hourly rows see far fewer writers than a namespace's counters, and GET /usage reads
- * one row per key, hour and shard of its window: a few shards keep that read small.
- */
-export const KEY_SHARDS = 4;
+import { addJobsSql } from './jobs.ts';
+import { addToRollup, addToKeyHour, shard } from './counters.ts';
 
 export type NewRequest = Readonly<{
   id: string;
@@ -31,15 +26,127 @@ export type NewRequest = Readonly<{
   hops: number;
   body: string;
   identity: Buffer;
-  windowMs: number;
-  feeMicros: number;
-  /** A caller-credential backend's credential, sealed for the request id it will belong to. */
-  sealedCredential: ((requestId: string) => Buffer) | null;
+  /** A caller-credential backend's credential, sealed for this request id. */
+  sealedCredential: Buffer | null;
+  /** This process's lease owner, when it will run the request itself should it be new. */
+  owner: string | null;
 }>;
 
-export type Submitted = { requestId: string; attached: boolean; status: RequestStatus };
+export type SubmitSettings = Readonly<{ windowMs: number; feeMicros: number; leaseMs: number }>;
 
-export type Metering = { enabled: boolean };
+export type Submitted = Readonly<{
+  requestId: string;
+  /** False: the submission started this execution. True: it landed on one already live. */
+  attached: boolean;
+  status: RequestStatus;
+  /** The job of an execution this submission started (its key is the request id). */
+  jobId: string | null;
+}>;
+
+const LEASE_END = `now() + make_interval(secs => $18::double precision / 1000)`;
+const LANDED = `request_id IS NOT NULL AND NOT repeated`;
+const NEW = `request_id = id`;
+const CLAIMED_HERE = `request_id = id AND owner IS NOT NULL`;
+
+const SUBMIT = prepared(
+  'sarsen_submit_batch',
+  `WITH input AS (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[],
+                       $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[])
+    WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model,
+                         upstream_model, headers, hops, body, identity, sealed, owner, ord)
+), claim AS (
+  INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
+  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $16::double precision / 1000)
+    FROM input ORDER BY namespace_id, identity, ord
+  ON CONFLICT (namespace_id, identity) DO UPDATE SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
+   WHERE k.expires_at <= now()
+  RETURNING k.namespace_id, k.identity, k.request_id
+), placed AS (
+  -- Where each submission lands: an execution this batch claimed (its own, or an identical
+  -- body's earlier in the batch) or the live one an earlier statement claimed. NULL: a claim
+  -- committed after this statement's snapshot; nothing is written and it is submitted again.
+  -- \`repeated\`: this very submission, tried again after its first try's answer was lost.
+  SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
+    FROM input i
+    LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
+    LEFT JOIN sarsen.idempotency_claims l
+      ON c.request_id IS NULL AND l.namespace_id = i.namespace_id AND l.identity = i.identity AND l.expires_at > now()
+), created AS (
+  SELECT * FROM placed WHERE ${NEW} AND NOT repeated
+), request AS (
+  INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq)
+  SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
+         headers::jsonb, hops, octet_length(body), $17,
+         CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
+         owner, CASE WHEN owner IS NOT NULL THEN ${LEASE_END} END, CASE WHEN owner IS NOT NULL THEN now() END,
+         CASE WHEN owner IS NOT NULL THEN 1 END
+    FROM created
+  RETURNING 1
+), body AS (
+  INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
+), credential AS (
+  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
+), job AS (
+  SELECT j.key AS request_id, j.id AS job_id
+    FROM (SELECT 1 FROM created LIMIT 1) AS one_created,
+         LATERAL ${addJobsSql(`SELECT id, CASE WHEN owner IS NOT NULL THEN ${LEASE_END} END AS run_at FROM created`)} AS j
+), entry AS (
+  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+  SELECT tenancy_id, namespace_id, api_key_id, request_id,
+         CASE WHEN ${NEW} THEN 'execution' ELSE 'attach' END, CASE WHEN ${NEW} THEN $17::bigint ELSE 0 END
+    FROM placed WHERE ${LANDED} ORDER BY ord
+  RETURNING 1
+), counted AS (
+  ${addToRollup(
+    ['accepted_submissions', 'request_bytes', 'provider_calls'],
+    `SELECT namespace_id, count(*) AS accepted_submissions,
+            coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes,
+            count(*) FILTER (WHERE ${CLAIMED_HERE}) AS provider_calls
+       FROM placed WHERE ${LANDED} GROUP BY namespace_id`,
+    '$19',
+  )}
+  RETURNING 1
+), hourly AS (
+  ${addToKeyHour(
+    ['ledger_events', 'provider_calls'],
+    `SELECT namespace_id, api_key_id, count(*) AS ledger_events, count(*) FILTER (WHERE ${CLAIMED_HERE}) AS provider_calls
+       FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
+    '$19',
+  )}
+  RETURNING 1
+)
+SELECT p.request_id, p.request_id = p.id AS created, j.job_id::text AS job_id,
+       -- A request this batch created is reported pending (SPEC.md: accepted is pending), even when
+       -- this process claimed it in the same statement and it is running already.
+       coalesce(q.status, 'pending') AS status,
+       (SELECT count(*) FROM job) AS jobs
+  FROM placed p
+  LEFT JOIN created m ON m.id = p.request_id
+  LEFT JOIN sarsen.requests q ON m.id IS NULL AND q.id = p.request_id
+  LEFT JOIN job j ON j.request_id = p.request_id AND p.request_id = p.id
+ ORDER BY p.ord`,
+);
+
+/**
+ * Accepts a batch of submissions in one statement. The answer lines up with `rs`; null means
+ * "submit it again" (an identical body's claim was committed concurrently).
+ */
+export async function submitBatch(db: Pool | PoolClient, rs: readonly NewRequest[], s: SubmitSettings): Promise<(Submitted | null)[]> {
+  const col = <T>(f: (r: NewRequest) => T) => rs.map(f);
+  const { rows } = await db.query<{ request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null }>(
+    SUBMIT([
+      col((r) => r.id), col((r) => r.tenancyId), col((r) => r.namespaceId), col((r) => r.apiKeyId), col((r) => r.backendId),
+      col((r) => r.dialect), col((r) => r.streaming), col((r) => r.model), col((r) => r.upstreamModel),
+      col((r) => JSON.stringify(r.forwardedHeaders)), col((r) => r.hops), col((r) => r.body), col((r) => r.identity),
+      col((r) => r.sealedCredential), col((r) => r.owner), s.windowMs, s.feeMicros, s.leaseMs, shard(),
+    ]),
+  );
+  return rows.map((row) =>
+    row.request_id === null ? null : { requestId: row.request_id, attached: !row.created, status: row.status!, jobId: row.job_id },
+  );
+}
 
 /** A submission refused by metering; the caller maps it to its 402. */
 export class MeteringRefusal extends Error {
@@ -51,71 +158,9 @@ export class MeteringRefusal extends Error {
   }
 }
 
-const SUBMIT = `
-WITH claim AS (
-  INSERT INTO sarsen.idempotency_claims (namespace_id, identity, request_id, expires_at)
-  VALUES ($3, $14, $1, now() + make_interval(secs => $15::double precision / 1000))
-  ON CONFLICT (namespace_id, identity) DO UPDATE
-    SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
-    WHERE idempotency_claims.expires_at <= now()
-  RETURNING request_id
-), live AS (
-  SELECT q.id, q.status FROM sarsen.idempotency_claims k JOIN sarsen.requests q ON q.id = k.request_id
-   WHERE k.namespace_id = $3 AND k.identity = $14 AND NOT EXISTS (SELECT 1 FROM claim)
-), request AS (
-  INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model,
-    upstream_model, forwarded_headers, hops, request_bytes, cost_micros)
-  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, octet_length($12::text), $16 FROM claim
-  RETURNING id
-), body AS (
-  INSERT INTO sarsen.request_bodies (request_id, body) SELECT $1, $12 FROM claim RETURNING 1
-), job AS (
-  SELECT ${enqueueSql('$1::text')} FROM claim
-), entry AS (
-  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
-  SELECT $2, $3, $4, coalesce((SELECT request_id FROM claim), (SELECT id FROM live)),
-         CASE WHEN EXISTS (SELECT 1 FROM claim) THEN 'execution' ELSE 'attach' END,
-         CASE WHEN EXISTS (SELECT 1 FROM claim) THEN $16::bigint ELSE 0 END
-   WHERE EXISTS (SELECT 1 FROM claim) OR EXISTS (SELECT 1 FROM live)
-  RETURNING 1
-), counted AS (
-  INSERT INTO sarsen.usage_rollup (namespace_id, shard, accepted_submissions, request_bytes)
-  SELECT $3, $13, 1, CASE WHEN EXISTS (SELECT 1 FROM claim) THEN octet_length($12::text) ELSE 0 END
-   WHERE EXISTS (SELECT 1 FROM entry)
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET accepted_submissions = usage_rollup.accepted_submissions + 1,
-        request_bytes = usage_rollup.request_bytes + EXCLUDED.request_bytes
-  RETURNING 1
-), credential AS (
-  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT $1, $17 FROM claim WHERE $17::bytea IS NOT NULL RETURNING 1
-), hourly AS (
-  INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events)
-  SELECT $3, $4, date_trunc('hour', now()), $13::int % ${KEY_SHARDS}, 1 WHERE EXISTS (SELECT 1 FROM entry)
-  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE SET ledger_events = key_usage_hourly.ledger_events + 1
-  RETURNING 1
-)
-SELECT (SELECT request_id FROM claim) AS created,
-       (SELECT id FROM live) AS live_id, (SELECT status FROM live) AS live_status,
-       (SELECT count(*) FROM request) + (SELECT count(*) FROM body) + (SELECT count(*) FROM job)
-         + (SELECT count(*) FROM counted) + (SELECT count(*) FROM hourly) + (SELECT count(*) FROM credential) AS writes`;
-
-async function submitOnce(db: Pool | PoolClient, r: NewRequest): Promise<Submitted | null> {
-  const { rows } = await db.query<{ created: string | null; live_id: string | null; live_status: RequestStatus | null }>(SUBMIT, [
-    r.id, r.tenancyId, r.namespaceId, r.apiKeyId, r.backendId, r.dialect, r.streaming, r.model, r.upstreamModel,
-    JSON.stringify(r.forwardedHeaders), r.hops, r.body, shard(), r.identity, r.windowMs, r.feeMicros,
-    r.sealedCredential?.(r.id) ?? null,
-  ]);
-  const row = rows[0]!;
-  if (row.created) return { requestId: row.created, attached: false, status: 'pending' };
-  if (row.live_id) return { requestId: row.live_id, attached: true, status: row.live_status! };
-  // The live claim was committed after this statement's snapshot was taken (or released in
-  // between): nothing was written; claim afresh.
-  return null;
-}
-
 const MONTH = `date_trunc('month', now())::date`;
 
-/** Checks credit and the key's and namespace's caps under row locks (metering on only). */
+/** Checks credit and the key's and namespace's caps under row locks. */
 async function checkMetering(c: PoolClient, r: NewRequest): Promise<void> {
   const credit = await c.query<{ balance_micros: number }>(
     `SELECT balance_micros FROM sarsen.credit WHERE tenancy_id = $1 FOR UPDATE`,
@@ -156,23 +201,17 @@ async function debit(c: PoolClient, r: NewRequest, micros: number): Promise<void
 }
 
 /**
- * Accepts a submission: a new execution, or an attach to the live one with the same identity.
- * Concurrent identical submissions serialise on the claim's primary key, so exactly one of
- * them creates the request.
+ * One submission on a metering deployment, in its own transaction: only a new execution costs
+ * anything (an attach is never refused for credit), and a refusal rolls the whole submission
+ * back. Null, as for a batch: submit it again.
  */
-export async function submitRequest(pool: Pool, r: NewRequest, metering: Metering): Promise<Submitted> {
-  for (;;) {
-    const result = metering.enabled
-      ? await withTransaction(pool, async (c) => {
-          const s = await submitOnce(c, r);
-          // Only a new execution costs anything: an attach is never refused for credit.
-          if (s && !s.attached) {
-            await checkMetering(c, r); // a refusal rolls the whole submission back
-            await debit(c, r, r.feeMicros);
-          }
-          return s;
-        })
-      : await submitOnce(pool, r);
-    if (result) return result;
-  }
+export async function submitMetered(pool: Pool, r: NewRequest, s: SubmitSettings): Promise<Submitted | null> {
+  return withTransaction(pool, async (c) => {
+    const [submitted] = await submitBatch(c, [r], s);
+    if (submitted && !submitted.attached) {
+      await checkMetering(c, r);
+      await debit(c, r, s.feeMicros);
+    }
+    return submitted ?? null;
+  });
 }

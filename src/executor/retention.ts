@@ -1,7 +1,7 @@
 // The retention sweep (executor role, every `retention_sweep_interval_ms`): each namespace's
 // effective horizon (src/core/retention.ts, the same figure the admin routes show), then the
 // longer horizons of listing metadata and the ledger, and lapsed idempotency claims.
-import type { Deps } from '../deps.ts';
+import type { BaseDeps } from '../deps.ts';
 import { effectiveRetentionMinutes } from '../core/retention.ts';
 import { namespaceHorizons, sweepRecords, sweepLapsedClaims, sweepListingRows, sweepLedger } from '../db/retention.ts';
 import { logger, errorFields } from '../log.ts';
@@ -23,7 +23,7 @@ async function drain(fn: () => Promise<number>): Promise<number> {
 
 export type RetentionCounts = { records: number; claims: number; listing: number; ledger: number };
 
-export async function runRetentionSweep(deps: Pick<Deps, 'pool' | 'settings'>): Promise<RetentionCounts> {
+export async function runRetentionSweep(deps: Pick<BaseDeps, 'pool' | 'settings'>): Promise<RetentionCounts> {
   const s = deps.settings.current();
   let records = 0;
   for (const ns of await namespaceHorizons(deps.pool)) {
@@ -42,7 +42,7 @@ export async function runRetentionSweep(deps: Pick<Deps, 'pool' | 'settings'>): 
   return { records, claims, listing, ledger };
 }
 
-export function startRetentionSweeper(deps: Deps): { stop(): Promise<void> } {
+export function startRetentionSweeper(deps: BaseDeps): { stop(): Promise<void> } {
   let stopped = false;
   let timer: NodeJS.Timeout | null = null;
   let running: Promise<unknown> | null = null;

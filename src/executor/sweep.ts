@@ -1,6 +1,6 @@
 // The recovery sweep: every executor process, every `sweep_interval_ms` (not cron: cron has
 // minute granularity), re-dispatches requests whose worker died or whose lease expired.
-import type { Deps } from '../deps.ts';
+import type { BaseDeps } from '../deps.ts';
 import { recoverDeadAttempts, redispatchStranded } from '../db/recovery.ts';
 import { logger, errorFields } from '../log.ts';
 
@@ -8,7 +8,7 @@ const BATCH = 100;
 
 export type Sweeper = { runOnce(): Promise<number>; stop(): Promise<void> };
 
-export function startSweeper(deps: Deps, owner: string): Sweeper {
+export function startSweeper(deps: BaseDeps, owner: string): Sweeper {
   let stopped = false;
   let timer: NodeJS.Timeout | null = null;
   let running: Promise<number> | null = null;
@@ -21,7 +21,7 @@ export function startSweeper(deps: Deps, owner: string): Sweeper {
       const recovered = await recoverDeadAttempts(deps.pool, owner, BATCH);
       total += recovered.length;
       for (const r of recovered) {
-        deps.bus.publishLocal({ k: `req:${r.id}`, s: 'superseded' });
+        deps.bus.publishRequest({ type: 'superseded', requestId: r.id });
         logger.warn('recovered a request from a dead attempt', { request_id: r.id, attempt: r.attempt });
       }
       if (recovered.length < BATCH || stopped) return total;

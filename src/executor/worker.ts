@@ -1,56 +1,62 @@
-// The executor half: graphile-worker delivering `execute_request` jobs to this process, the
-// recovery sweep, and a graceful stop that hands back what cannot finish in time.
-import { run, type Runner } from 'graphile-worker';
-import type { Deps } from '../deps.ts';
+// The executor half: the runner of attempts, graphile-worker delivering `execute_request` jobs
+// to it, the recovery and retention sweeps, and a graceful stop that hands back what cannot
+// finish in time. graphile-worker has a small pool of its own, so its polling and job
+// completion never queue behind request traffic; it fetches jobs in batches (its local queue)
+// and completes them in batches.
+import { run, type Runner as WorkerRunner } from 'graphile-worker';
+import type { BaseDeps } from '../deps.ts';
+import { createPool, type ConnectionConfig } from '../db/pool.ts';
 import { createUpstream } from './upstream.ts';
 import { createChunkWriter } from './chunk-writer.ts';
+import { createRunner, type Runner } from './runner.ts';
 import { startSweeper } from './sweep.ts';
 import { startRetentionSweeper } from './retention.ts';
-import { HandBack, type ActiveAttempt } from './execute.ts';
 import { workerLogger } from './worker-logger.ts';
 import { logger } from '../log.ts';
-import { executeRequestTask, EXECUTE_REQUEST } from '../../tasks/execute_request.ts';
+import { executeRequestTask } from '../../tasks/execute_request.ts';
+import { EXECUTE_REQUEST } from '../db/jobs.ts';
 
-// Provider calls are I/O-bound: one process holds many at once.
-const CONCURRENCY = 128;
+export type Executor = { runner: Runner; stop(graceMs: number): Promise<void> };
 
-export type Executor = { stop(graceMs: number): Promise<void> };
-
-/** `owner` names this process's leases; its liveness lock is held on the bus connection. */
-export async function startExecutor(deps: Deps, owner: string): Promise<Executor> {
+/** `concurrency` bounds the attempts this process runs at once, however they came. */
+export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts: { concurrency: number }): Promise<Executor> {
   const upstream = createUpstream();
-  const active = new Set<ActiveAttempt>();
-  const executorDeps = { ...deps, upstream, owner, active, chunks: createChunkWriter(deps.pool, deps.bus) };
-  let runner: Runner;
+  const executorDeps = { ...deps, upstream, chunks: createChunkWriter(deps.pool, deps.bus, deps.processId) };
+  const runner = createRunner(executorDeps, { owner: deps.processId, concurrency: opts.concurrency });
+  // graphile-worker's own pool. It opens only what it uses (its LISTEN client, one job fetch and
+  // one completion batch at a time: task code uses the main pool); the bound matches the
+  // concurrency so graphile-worker has no reason to warn about it.
+  const workerPool = createPool(conn, { max: opts.concurrency, name: 'sarsen-worker' });
+  let worker: WorkerRunner;
   try {
-    runner = await run({
-      pgPool: deps.pool,
-      concurrency: CONCURRENCY,
+    worker = await run({
+      pgPool: workerPool,
+      concurrency: opts.concurrency,
       noHandleSignals: true,
       pollInterval: 1000,
       logger: workerLogger,
-      taskList: { [EXECUTE_REQUEST]: executeRequestTask(executorDeps) },
+      taskList: { [EXECUTE_REQUEST]: executeRequestTask(runner) },
+      preset: { worker: { localQueue: { size: opts.concurrency }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } },
     });
   } catch (err) {
-    await upstream.close();
+    await runner.stop(0);
+    await Promise.all([upstream.close(), workerPool.end()]);
     throw err;
   }
-  const sweeper = startSweeper(deps, owner);
+  const sweeper = startSweeper(deps, deps.processId);
   const retention = startRetentionSweeper(deps);
-  logger.info('executor started', { owner });
+  logger.info('executor started', { owner: deps.processId, concurrency: opts.concurrency });
   let stopping: Promise<void> | null = null;
   return {
-    stop: (graceMs) => (stopping ??= stop(graceMs)),
+    runner,
+    stop: (graceMs) =>
+      (stopping ??= (async () => {
+        await Promise.all([sweeper.stop(), retention.stop()]);
+        // No new jobs from here on; running attempts get the grace to finish.
+        const stopped = worker.stop();
+        await runner.stop(graceMs);
+        await stopped;
+        await Promise.all([upstream.close(), workerPool.end()]);
+      })()),
   };
-
-  async function stop(graceMs: number): Promise<void> {
-    await Promise.all([sweeper.stop(), retention.stop()]);
-    // No new jobs from here on; running ones get the grace to finish.
-    const stopped = runner.stop();
-    const deadline = Date.now() + graceMs;
-    while (active.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
-    for (const a of active) a.controller.abort(new HandBack('the process is stopping'));
-    await stopped;
-    await upstream.close();
-  }
 }

@@ -13,7 +13,7 @@ import { postStream, replayStream, openStream, withIds, bytesOf, query, requestI
 import { replay } from '../../src/http/service/streams.ts';
 import { readRecord } from '../../src/db/requests.ts';
 import { createKeyring } from '../../src/core/sealing.ts';
-import type { Deps } from '../../src/deps.ts';
+import type { BaseDeps } from '../../src/deps.ts';
 
 describe('streaming: attaching, shared replay, keep-alive', function () {
   this.timeout(60_000);
@@ -112,18 +112,19 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
 
   it('an idle replay receives keep-alive comments without ids, between the frames it replays', async () => {
     // The route's interval is 15 s; `replay` itself is mounted here with a short one.
-    const deps: Deps = Object.freeze({
+    const deps: BaseDeps = Object.freeze({
+      processId: 'wrk_replay_test',
       pool: server.pool,
       bus: server.bus,
       settings: server.settings,
       secrets: server.secrets,
-      serve: { role: 'api', credentialPassthrough: false, port: 0, host: '127.0.0.1' },
+      serve: { role: 'api' as const, credentialPassthrough: false, port: 0, host: '127.0.0.1', executorConcurrency: 1 },
       keyring: createKeyring([{ version: 1, secret: server.secrets.credentialKey }]),
     });
     const app = express();
     app.get('/replay/:id', async (req, res) => {
       const record = await readRecord(server.pool, t.namespaceId, String(req.params.id));
-      await replay(deps, req, res, record!, 100);
+      await replay(deps, req, res, { id: record!.id, namespaceId: record!.namespace_id, streaming: true }, 100);
     });
     const listener = http.createServer(app).listen(0, '127.0.0.1');
     await new Promise((r) => listener.once('listening', r));

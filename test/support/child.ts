@@ -52,8 +52,13 @@ export type SarsenChild = {
 
 /** Spawns `node src/main.ts ...args` (Node 24 is `process.execPath` under the npm scripts). */
 export function spawnSarsen(args: string[], env: NodeJS.ProcessEnv): SarsenChild {
-  const child = spawn(process.execPath, [MAIN, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-  const release = track('child process', `sarsen ${args.join(' ')}`);
+  return spawnNode(MAIN, args, env, 'sarsen');
+}
+
+/** Spawns `node script ...args` with its output collected (benchmarks run their helpers this way). */
+export function spawnNode(script: string, args: string[], env: NodeJS.ProcessEnv = process.env, label = script): SarsenChild {
+  const child = spawn(process.execPath, [script, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const release = track('child process', `${label} ${args.join(' ')}`);
   let out = '';
   const waiters = new Set<() => void>();
   const onData = (b: Buffer) => {

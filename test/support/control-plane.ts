@@ -16,6 +16,7 @@ import { createKeyring } from '../../src/core/sealing.ts';
 import type { Deps } from '../../src/deps.ts';
 import { closeServiceAuth } from '../../src/http/service-auth.ts';
 import { closeRouting } from '../../src/control/resolve-model.ts';
+import { createSubmitter } from '../../src/http/service/submitter.ts';
 import type pg from 'pg';
 
 export type Answer = { status: number; text: string; body: any; headers: Headers };
@@ -109,17 +110,20 @@ export async function otherProcess(server: TestServer, opts: { credentialPassthr
     sent.push(typeof first === 'string' ? first : String((first as { text?: unknown })?.text));
     return query(...args);
   };
-  const bus = createBus(server.db.conn);
+  const processId = newId('wrk');
+  const bus = createBus(server.db.conn, { origin: processId });
   const releaseBus = track('bus', server.db.name);
   await bus.ready();
   const settings = await createSettingsCache(pool, bus);
   const deps: Deps = Object.freeze({
+    processId,
     pool,
     bus,
     settings,
     secrets: server.secrets,
-    serve: { role: 'api', credentialPassthrough: opts.credentialPassthrough ?? false, port: 0, host: '127.0.0.1' },
+    serve: { role: 'api' as const, credentialPassthrough: opts.credentialPassthrough ?? false, port: 0, host: '127.0.0.1', executorConcurrency: 1 },
     keyring: createKeyring([{ version: 1, secret: server.secrets.credentialKey }]),
+    submitter: createSubmitter(pool, settings, null),
   });
   return {
     deps,

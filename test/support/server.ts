@@ -26,7 +26,7 @@ export async function startTestServer(
   try {
     sarsen = await startSarsen({
       conn: { ...db.conn, password: db.conn.password },
-      serve: { role: opts.role ?? 'both', credentialPassthrough: opts.credentialPassthrough ?? false, port: 0, host: '127.0.0.1' },
+      serve: { role: opts.role ?? 'both', credentialPassthrough: opts.credentialPassthrough ?? false, port: 0, host: '127.0.0.1', executorConcurrency: 64 },
       secrets,
     });
   } catch (err) {

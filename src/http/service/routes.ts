@@ -5,55 +5,23 @@ import type { Deps } from '../../deps.ts';
 import { serviceAuth, serviceAuthOf } from '../service-auth.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { acceptSubmission } from './submit.ts';
-import { waitForTerminal } from './wait.ts';
 import { recordJson } from './record.ts';
-import { liveStream, replay } from './streams.ts';
+import { heldAnswer, liveStream, replay } from './streams.ts';
 import { accountRoutes } from './accounts.ts';
-import { readRecord, type Dialect, type RecordRow } from '../../db/requests.ts';
+import { readRecord, type Dialect } from '../../db/requests.ts';
 
 const BASE = '/:tenancy/:namespace/v1';
-
-/** The stored answer as the provider gave it: success or refusal byte for byte, or our 502. */
-function sendStoredAnswer(res: Response, r: RecordRow): void {
-  const body = r.response_body ?? Buffer.alloc(0);
-  if (r.status === 'succeeded') {
-    res.status(r.response_status ?? 200).set('content-type', r.response_content_type ?? 'application/json').send(body);
-    return;
-  }
-  if (r.error_status !== null) {
-    if (r.retry_after !== null) res.set('retry-after', r.retry_after);
-    res.status(r.error_status).set('content-type', 'application/json').send(body);
-    return;
-  }
-  // A failure that was not an HTTP answer: the stored body is our own upstream_failed envelope.
-  res.status(502).set('content-type', 'application/json').send(body);
-}
 
 async function synchronous(deps: Deps, req: Request, res: Response, dialect: Dialect): Promise<void> {
   const auth = serviceAuthOf(res);
   const sub = await acceptSubmission(deps, req, auth, dialect, { fireAndForget: false });
   const hold = deps.settings.current().synchronous_hold_ms;
-  if (sub.streaming) {
-    await liveStream(deps, res, auth.namespaceId, sub.requestId, hold, (r) => sendStoredAnswer(res, r));
-    return;
-  }
-  // The caller leaving ends the wait, never the execution.
-  const left = new AbortController();
-  res.on('close', () => left.abort());
-  const status = await waitForTerminal(deps, sub.requestId, hold, left.signal);
-  if (left.signal.aborted) {
-    res.destroy(); // the caller is gone: release the connection, leave the execution running
-    return;
-  }
-  if (status === null) {
-    throw new ServiceError(
-      'held_too_long',
-      `Gave up waiting after ${hold} ms; the execution continues as request ${sub.requestId}. Re-send the identical body to attach to it, or read it by id.`,
-    );
-  }
-  const record = await readRecord(deps.pool, auth.namespaceId, sub.requestId);
-  if (!record) throw new Error(`request ${sub.requestId} vanished after settling`);
-  sendStoredAnswer(res, record);
+  const watched = { id: sub.requestId, namespaceId: auth.namespaceId, streaming: sub.streaming };
+  // A request this submission started has nothing stored yet: its watch reads nothing until
+  // an event says something happened.
+  const fresh = !sub.attached;
+  if (sub.streaming) await liveStream(deps, res, watched, hold, fresh);
+  else await heldAnswer(deps, res, watched, hold, fresh);
 }
 
 export function serviceRouter(deps: Deps): Router {
@@ -83,7 +51,7 @@ export function serviceRouter(deps: Deps): Router {
       if (!record.streaming) {
         throw new ServiceError('bad_request', 'This request was not streamed; read it as JSON (without Accept: text/event-stream).');
       }
-      await replay(deps, req, res, record);
+      await replay(deps, req, res, { id: record.id, namespaceId: record.namespace_id, streaming: true });
       return;
     }
     res.status(200).set('content-type', 'application/json').send(recordJson(record));

@@ -1,10 +1,11 @@
-// Streams to callers: the live answer of a streaming submission (SPEC.md Endpoints rules 5-8)
-// and the replay by id with `id:` lines and Last-Event-ID resume (SPEC.md "Events").
+// Answers to callers: a settled request's stored answer, the live answer of a streaming
+// submission (SPEC.md Endpoints rules 5-8) and the replay by id with `id:` lines and
+// Last-Event-ID resume (SPEC.md "Events"). All of them read the request through watch().
 import type { Request, Response } from 'express';
-import type { Deps } from '../../deps.ts';
+import type { BaseDeps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
-import { readRecord, type RecordRow } from '../../db/requests.ts';
-import { follow, sseEvent, SUPERSEDED_EVENT } from './follow.ts';
+import type { Answer } from '../../db/requests.ts';
+import { watch, type Watched } from './watch.ts';
 
 const KEEP_ALIVE_MS = 15_000;
 // A comment line: not a frame, carries no id, keeps proxies from cutting an idle stream.
@@ -16,11 +17,36 @@ const SSE_HEADERS = {
   'x-accel-buffering': 'no',
 };
 
-/** The stored error as an `event: failed` (no id: a failure is not a place to resume from). */
-function failedEvent(r: RecordRow | null): string {
-  const body = r?.response_body?.toString('utf8') ?? JSON.stringify({ error: { code: 'upstream_failed', message: 'The request failed.' } });
-  return sseEvent('failed', body);
+/** The stored answer as the provider gave it: success or refusal byte for byte, or our 502. */
+export function sendAnswer(res: Response, a: Answer): void {
+  if (a.status === 'succeeded') {
+    res.status(a.httpStatus).set('content-type', a.contentType ?? 'application/json').send(a.body);
+    return;
+  }
+  if (a.errorStatus !== null) {
+    if (a.retryAfter !== null) res.set('retry-after', a.retryAfter);
+    res.status(a.errorStatus).set('content-type', 'application/json').send(a.body);
+    return;
+  }
+  // A failure that was not an HTTP answer: the stored body is our own upstream_failed envelope.
+  res.status(502).set('content-type', 'application/json').send(a.body);
 }
+
+/** One SSE event whose data may span lines (each line gets its own `data:`). */
+export function sseEvent(event: string, data: string): string {
+  return `event: ${event}\n${data.split(/\r\n|\r|\n/).map((l) => `data: ${l}`).join('\n')}\n\n`;
+}
+
+export const SUPERSEDED_EVENT = sseEvent(
+  'failed',
+  JSON.stringify({
+    status: 'superseded',
+    detail: 'The worker producing this stream died and another took the request over; the earlier frames were discarded. Re-open the stream by request id to read the new attempt from its beginning.',
+  }),
+);
+
+/** The stored error as an `event: failed` (no id: a failure is not a place to resume from). */
+const failedEvent = (a: Answer): string => sseEvent('failed', a.body.toString('utf8'));
 
 /** Resolves once the write buffer drains (or the caller left), so a slow reader is not buffered for. */
 function drained(res: Response): Promise<void> {
@@ -39,21 +65,41 @@ async function send(res: Response, chunk: string | Buffer): Promise<void> {
   if (!res.write(chunk)) await drained(res);
 }
 
+/** An AbortSignal that fires when the caller goes away (a waiter leaving never touches the execution). */
+export function callerLeft(res: Response): AbortSignal {
+  const left = new AbortController();
+  res.on('close', () => left.abort());
+  return left.signal;
+}
+
+/**
+ * The answer of a non-streaming submission: the stored answer once the request settles, or
+ * `504 held_too_long` when the hold passes first (the execution continues).
+ */
+export async function heldAnswer(deps: BaseDeps, res: Response, r: Watched, holdMs: number, fresh: boolean): Promise<void> {
+  const left = callerLeft(res);
+  const deadline = Date.now() + holdMs;
+  for await (const ev of watch(deps, r, { afterSeq: 0, idleMs: holdMs, signal: left, fresh })) {
+    if (ev.type === 'end') return sendAnswer(res, ev.answer);
+    if (ev.type === 'idle' && Date.now() >= deadline) break;
+  }
+  if (left.aborted) {
+    res.destroy(); // the caller is gone: release the connection, leave the execution running
+    return;
+  }
+  throw new ServiceError(
+    'held_too_long',
+    `Gave up waiting after ${holdMs} ms; the execution continues as request ${r.id}. Re-send the identical body to attach to it, or read it by id.`,
+  );
+}
+
 /**
  * The live answer of a streaming submission. It decides on its first item: a frame opens
  * `200 text/event-stream` (then the provider's own frames, no `id:` lines); a terminal state
  * answers as the stored outcome does; nothing within the hold is `504 held_too_long`.
  */
-export async function liveStream(
-  deps: Deps,
-  res: Response,
-  namespaceId: string,
-  requestId: string,
-  holdMs: number,
-  sendStored: (r: RecordRow) => void,
-): Promise<void> {
-  const left = new AbortController();
-  res.on('close', () => left.abort());
+export async function liveStream(deps: BaseDeps, res: Response, r: Watched, holdMs: number, fresh: boolean): Promise<void> {
+  const left = callerLeft(res);
   const deadline = Date.now() + holdMs;
   let started = false;
   let lastWrite = Date.now();
@@ -64,7 +110,7 @@ export async function liveStream(
   // Ticks often enough to keep the hold's deadline; keep-alives only when the stream is quiet.
   const idleMs = Math.max(10, Math.min(holdMs, 1000));
   following: for (;;) {
-    for await (const ev of follow(deps, requestId, { afterSeq: 0, idleMs, signal: left.signal })) {
+    for await (const ev of watch(deps, r, { afterSeq: 0, idleMs, signal: left, fresh })) {
       if (ev.type === 'frame') {
         if (!started) {
           res.writeHead(200, SSE_HEADERS);
@@ -76,54 +122,51 @@ export async function liveStream(
         if (!started && Date.now() >= deadline) {
           throw new ServiceError(
             'held_too_long',
-            `No first item after ${holdMs} ms; the execution continues as request ${requestId}. Re-send the identical body to attach to it, or replay it by id.`,
+            `No first item after ${holdMs} ms; the execution continues as request ${r.id}. Re-send the identical body to attach to it, or replay it by id.`,
           );
         }
       } else if (ev.type === 'superseded') {
         // Nothing sent yet: wait for the new attempt's first frame instead.
-        if (!started) continue following;
+        if (!started) {
+          fresh = false;
+          continue following;
+        }
         await write(SUPERSEDED_EVENT);
         break following;
       } else {
-        const record = await readRecord(deps.pool, namespaceId, requestId);
-        if (!started) {
-          if (!record) throw new Error(`request ${requestId} vanished`);
-          sendStored(record);
-          return;
-        }
-        if (ev.status === 'failed') await write(failedEvent(record));
+        if (!started) return sendAnswer(res, ev.answer);
+        if (ev.answer.status === 'failed') await write(failedEvent(ev.answer));
         break following;
       }
     }
     break;
   }
-  if (left.signal.aborted) res.destroy();
+  if (left.aborted) res.destroy();
   else res.end();
 }
 
 /** Replay by id (`Accept: text/event-stream`): `id: <seq>` before each stored frame, then the live tail. */
-export async function replay(deps: Deps, req: Request, res: Response, record: RecordRow, keepAliveMs = KEEP_ALIVE_MS): Promise<void> {
+export async function replay(deps: BaseDeps, req: Request, res: Response, r: Watched, keepAliveMs = KEEP_ALIVE_MS): Promise<void> {
   const lastEventId = req.headers['last-event-id'];
   let afterSeq = 0;
   if (lastEventId !== undefined) {
     if (!/^\d{1,9}$/.test(String(lastEventId).trim())) throw new ServiceError('bad_request', 'Last-Event-ID must be a sequence number.');
     afterSeq = Number(String(lastEventId).trim());
   }
-  const left = new AbortController();
-  res.on('close', () => left.abort());
+  const left = callerLeft(res);
   res.writeHead(200, SSE_HEADERS);
   res.flushHeaders(); // a replay of a pending request shows its 200 at once, before any frame
-  for await (const ev of follow(deps, record.id, { afterSeq, idleMs: keepAliveMs, signal: left.signal })) {
+  for await (const ev of watch(deps, r, { afterSeq, idleMs: keepAliveMs, signal: left })) {
     if (ev.type === 'frame') await send(res, Buffer.concat([Buffer.from(`id: ${ev.seq}\n`), ev.frame]));
     else if (ev.type === 'idle') await send(res, KEEP_ALIVE);
     else if (ev.type === 'superseded') {
       await send(res, SUPERSEDED_EVENT);
       break;
     } else {
-      if (ev.status === 'failed') await send(res, failedEvent(await readRecord(deps.pool, record.namespace_id, record.id)));
+      if (ev.answer.status === 'failed') await send(res, failedEvent(ev.answer));
       break;
     }
   }
-  if (left.signal.aborted) res.destroy();
+  if (left.aborted) res.destroy();
   else res.end();
 }

@@ -1,6 +1,7 @@
 // Accepting a submission (SPEC.md "Endpoints: Submission"): authenticate (done by the route),
-// refuse loops, read and canonicalise the body, resolve the routing rule, then one
-// transaction claims, records and enqueues. Shared by all three submission routes.
+// refuse loops, read and canonicalise the body, resolve the routing rule, then hand it to the
+// process's submitter (one group commit claims, records and enqueues). Shared by all three
+// submission routes.
 import type { Request } from 'express';
 import type { Deps } from '../../deps.ts';
 import type { ServiceAuth } from '../service-auth.ts';
@@ -21,8 +22,7 @@ import { forwardableHeaders, parseHops, HOPS_HEADER } from '../../core/header-po
 import { newId } from '../../core/ids.ts';
 import { resolveModel } from '../../control/resolve-model.ts';
 import type { Dialect } from '../../db/requests.ts';
-import { submitRequest, MeteringRefusal, type Submitted } from '../../db/submissions.ts';
-import { retryOnConnectionLoss } from '../../db/pool.ts';
+import { MeteringRefusal, type Submitted } from '../../db/submissions.ts';
 import { seal } from '../../core/sealing.ts';
 import { callerCredential, credentialIdentity } from './caller-credential.ts';
 
@@ -91,35 +91,36 @@ export async function acceptSubmission(
 
   const upstreamModel = rule.rewrite_model ?? model;
   const body = upstreamModel === model ? text : withTopLevelField(value, 'model', jsonString(upstreamModel));
-  // A repeat after a lost connection attaches to whatever the first try committed.
-  const submitted = await retryOnConnectionLoss(() => submitRequest(deps.pool, {
-    id: newId('req'),
-    tenancyId: auth.tenancyId,
-    namespaceId: auth.namespaceId,
-    apiKeyId: auth.apiKeyId,
-    backendId: backend.backend_id,
-    dialect,
-    streaming,
-    model,
-    upstreamModel,
-    forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
-    hops,
-    body,
-    identity: Buffer.from(
-      identityHash({
-        dialect,
-        canonicalText: text,
-        credentialHash: credential === null ? undefined : credentialIdentity(deps.secrets.apiKeyHashKey, credential),
-      }),
-      'hex',
-    ),
-    // Sealed under credential-key and bound to the request; destroyed with the terminal write.
-    sealedCredential: credential === null ? null : (id: string) => seal(deps.keyring, credential!, id),
-    windowMs: settings.idempotency_window_ms,
-    feeMicros: settings.request_fee_micros,
-  }, { enabled: settings.metering_enabled })).catch((err: unknown) => {
-    if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);
-    throw err;
-  });
+  const id = newId('req');
+  const submitted = await deps.submitter
+    .submit({
+      id,
+      tenancyId: auth.tenancyId,
+      namespaceId: auth.namespaceId,
+      apiKeyId: auth.apiKeyId,
+      backendId: backend.backend_id,
+      backend,
+      dialect,
+      streaming,
+      model,
+      upstreamModel,
+      forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
+      hops,
+      body,
+      identity: Buffer.from(
+        identityHash({
+          dialect,
+          canonicalText: text,
+          credentialHash: credential === null ? undefined : credentialIdentity(deps.secrets.apiKeyHashKey, credential),
+        }),
+        'hex',
+      ),
+      // Sealed under credential-key and bound to the request; destroyed with the terminal write.
+      sealedCredential: credential === null ? null : seal(deps.keyring, credential, id),
+    })
+    .catch((err: unknown) => {
+      if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);
+      throw err;
+    });
   return { ...submitted, streaming };
 }

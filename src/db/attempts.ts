@@ -1,0 +1,259 @@
+// SQL of an attempt's life (DESIGN.md "Leases"): the claim, the lease renewals, and the fenced
+// outcomes. Every write after the claim is conditional on the attempt number (the fencing
+// token) and on the request still running. The hot statements take a whole batch: claims of
+// the jobs a worker pool fetched together, the renewals of every attempt a process holds, and
+// the terminal writes that finished while the previous batch was committing.
+import type { Pool, PoolClient } from './pool.ts';
+import { prepared, withTransaction } from './pool.ts';
+import type { Answer, Dialect } from './requests.ts';
+import type { BackendForCall } from './backends.ts';
+import { enqueueSql, completeJobsSql, rescheduleJobsSql } from './jobs.ts';
+import { addToRollup, addToKeyHour, shard } from './counters.ts';
+import { notifyEvents } from './events.ts';
+
+export type Attempt = Readonly<{
+  id: string;
+  /** The fencing token: the request's attempt counter as this attempt set it. */
+  attempt: number;
+  namespaceId: string;
+  dialect: Dialect;
+  streaming: boolean;
+  forwardedHeaders: readonly (readonly [string, string])[];
+  hops: number;
+  body: string;
+  /** The sequence number this attempt's first stream frame takes. */
+  firstSeq: number;
+  /** The caller's own provider credential, sealed (caller-credential backends only). */
+  sealedCredential: Buffer | null;
+  /** Null when the backend was deleted after the request was accepted. */
+  backend: BackendForCall | null;
+  /** The job of an attempt claimed at acceptance (due when its lease ends); removed by the terminal write. */
+  jobId: string | null;
+}>;
+
+const LEASE_END = (param: string) => `now() + make_interval(secs => ${param}::double precision / 1000)`;
+
+const CLAIM = prepared(
+  'sarsen_claim_batch',
+  `WITH claimed AS (
+  UPDATE sarsen.requests q
+     SET status = 'running', attempts = q.attempts + 1, lease_owner = $2, lease_expires_at = ${LEASE_END('$3')},
+         started_at = coalesce(q.started_at, now()), next_retry_at = NULL, stream_first_seq = q.seq_high + 1
+    FROM (SELECT DISTINCT id FROM unnest($1::text[]) AS id) AS i
+   WHERE q.id = i.id AND q.status = 'pending'
+  RETURNING q.id, q.attempts, q.namespace_id, q.api_key_id, q.backend_id, q.dialect, q.streaming, q.forwarded_headers,
+            q.hops, q.stream_first_seq
+), counted AS (
+  -- The first attempt is when a submission reaches a provider (SPEC.md Usage rule 2).
+  ${addToRollup(['provider_calls'], `SELECT namespace_id, count(*) AS provider_calls FROM claimed WHERE attempts = 1 GROUP BY namespace_id`, '$4')}
+  RETURNING 1
+), per_key AS (
+  ${addToKeyHour(
+    ['provider_calls'],
+    `SELECT namespace_id, api_key_id, count(*) AS provider_calls FROM claimed WHERE attempts = 1 AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id`,
+    '$4',
+  )}
+  RETURNING 1
+)
+SELECT c.id, c.attempts, c.namespace_id, c.dialect, c.streaming, c.forwarded_headers, c.hops, c.stream_first_seq,
+       b.body, k.sealed AS sealed_credential,
+       bk.id AS backend_id, bk.namespace_id AS backend_namespace_id, bk.kind, bk.dialect AS backend_dialect, bk.address,
+       bk.credential_source, bk.credential_sealed,
+       (SELECT count(*) FROM counted) + (SELECT count(*) FROM per_key) AS counted
+  FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id
+  LEFT JOIN sarsen.request_credentials k ON k.request_id = c.id
+  LEFT JOIN sarsen.backends bk ON bk.id = c.backend_id`,
+);
+
+/**
+ * Takes pending requests for this worker (`owner`) in one statement; the attempt numbers it
+ * answers fence every later write. Requests missing from the answer were settled already or
+ * are held by another attempt.
+ */
+export async function claimAttempts(pool: Pool, ids: readonly string[], owner: string, leaseMs: number): Promise<Map<string, Attempt>> {
+  const { rows } = await pool.query(CLAIM([ids, owner, leaseMs, shard()]));
+  return new Map(
+    rows.map((r) => [
+      r.id,
+      {
+        id: r.id,
+        attempt: r.attempts,
+        namespaceId: r.namespace_id,
+        dialect: r.dialect,
+        streaming: r.streaming,
+        forwardedHeaders: r.forwarded_headers,
+        hops: r.hops,
+        body: r.body,
+        firstSeq: r.stream_first_seq,
+        sealedCredential: r.sealed_credential,
+        backend:
+          r.backend_id === null
+            ? null
+            : {
+                backend_id: r.backend_id,
+                namespace_id: r.backend_namespace_id,
+                kind: r.kind,
+                dialect: r.backend_dialect,
+                address: r.address,
+                credential_source: r.credential_source,
+                credential_sealed: r.credential_sealed,
+              },
+        jobId: null,
+      } satisfies Attempt,
+    ]),
+  );
+}
+
+export type Held = Readonly<{ id: string; attempt: number; jobId: string | null }>;
+
+const RENEW = prepared(
+  'sarsen_renew_leases',
+  `WITH renewed AS (
+  UPDATE sarsen.requests q SET lease_expires_at = ${LEASE_END('$4')}
+    FROM unnest($1::text[], $2::int[], $3::bigint[]) AS a(id, attempt, job_id)
+   WHERE q.id = a.id AND q.attempts = a.attempt AND q.status = 'running'
+  RETURNING q.id, a.job_id
+), moved AS (
+  -- An attempt claimed at acceptance keeps its backstop job due at its lease's end.
+  SELECT j.id FROM ${rescheduleJobsSql(`ARRAY(SELECT job_id FROM renewed WHERE job_id IS NOT NULL)`, LEASE_END('$4'))} AS j
+)
+SELECT id, (SELECT count(*) FROM moved) AS moved FROM renewed`,
+);
+
+/** Renews the leases of every attempt this process holds; answers the ids it still holds. */
+export async function renewLeases(pool: Pool, held: readonly Held[], leaseMs: number): Promise<Set<string>> {
+  const { rows } = await pool.query<{ id: string }>(
+    RENEW([held.map((h) => h.id), held.map((h) => h.attempt), held.map((h) => h.jobId), leaseMs]),
+  );
+  return new Set(rows.map((r) => r.id));
+}
+
+export type Tokens = { prompt: number | null; completion: number | null; total: number | null };
+export type Traffic = { sentBytes: number; receivedBytes: number };
+
+/** A fenced terminal write: the answer (a success, or the stored error) and what it is counted as. */
+export type Terminal = Readonly<{ id: string; attempt: number; jobId: string | null; answer: Answer; tokens: Tokens } & Traffic>;
+
+const SETTLE = prepared(
+  'sarsen_settle_batch',
+  `WITH input AS (
+  SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $6::bytea[], $7::int[], $8::text[],
+                       $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[])
+    AS t(id, attempt, outcome, http_status, content_type, body, error_status, retry_after,
+         prompt, completion, total, sent, received, job_id)
+), cost AS (
+  -- Token cost at the model's price (micro-credits per million tokens, rounded up); no price, no charge.
+  SELECT i.id, coalesce((ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
+                       + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint, 0) AS micros
+    FROM input i JOIN sarsen.requests q ON q.id = i.id
+    LEFT JOIN sarsen.prices p ON p.model = q.upstream_model AND i.outcome = 'succeeded'
+), done AS (
+  UPDATE sarsen.requests q
+     SET status = i.outcome, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, next_retry_at = NULL,
+         prompt_tokens = i.prompt, completion_tokens = i.completion, total_tokens = i.total,
+         error_status = i.error_status, retry_after = i.retry_after, response_bytes = octet_length(i.body),
+         cost_micros = q.cost_micros + c.micros
+    FROM input i JOIN cost c ON c.id = i.id
+   WHERE q.id = i.id AND q.attempts = i.attempt AND q.status = 'running'
+  RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
+            i.prompt, i.completion, i.total, i.sent, i.received, i.job_id
+), answer AS (
+  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
+), forgotten AS (
+  DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id RETURNING 1
+), released AS (
+  -- A terminal failure releases the claim: the same body afterwards is a new request.
+  DELETE FROM sarsen.idempotency_claims k USING done d WHERE k.request_id = d.id AND d.outcome = 'failed' RETURNING 1
+), rollup AS (
+  ${addToRollup(
+    ['upstream_sent_bytes', 'upstream_received_bytes', 'response_bytes'],
+    `SELECT namespace_id, sum(sent) AS upstream_sent_bytes, sum(received) AS upstream_received_bytes,
+            sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id`,
+    '$16',
+  )}
+  RETURNING 1
+), entry AS (
+  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+  SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
+  RETURNING 1
+), per_key AS (
+  ${addToKeyHour(
+    ['ledger_events', 'prompt_tokens', 'completion_tokens', 'total_tokens'],
+    `SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
+            sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
+       FROM done WHERE outcome = 'succeeded' AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id`,
+    '$16',
+  )}
+  RETURNING 1
+), charged AS (
+  UPDATE sarsen.credit c SET balance_micros = c.balance_micros - t.micros
+    FROM (SELECT tenancy_id, sum(micros) AS micros FROM done WHERE micros > 0 GROUP BY tenancy_id) AS t
+   WHERE $15 AND c.tenancy_id = t.tenancy_id
+  RETURNING 1
+), spent AS (
+  INSERT INTO sarsen.monthly_spend (scope_id, month, spent_micros)
+  SELECT scope, date_trunc('month', now())::date, sum(p.micros)
+    FROM done p, LATERAL (VALUES (p.api_key_id), (p.namespace_id)) AS s(scope)
+   WHERE $15 AND p.micros > 0 AND scope IS NOT NULL
+   GROUP BY scope
+  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
+  RETURNING 1
+), removed AS (
+  SELECT j.id FROM ${completeJobsSql(`ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)`)} AS j
+), notified AS (
+  ${notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, '$17')}
+)
+SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done`,
+);
+
+/**
+ * The terminal writes of a batch of attempts in one statement (a group commit): answers,
+ * tokens, token cost (ledger, and a credit debit when metering), counters, the credential
+ * destroyed, a failure's claim released, a backstop job removed, and one bus event each.
+ * Answers the ids written; an attempt missing from it had lost its lease, and wrote nothing.
+ */
+export async function settleBatch(pool: Pool, ts: readonly Terminal[], opts: { metering: boolean; origin: string }): Promise<Set<string>> {
+  const col = <T>(f: (t: Terminal) => T) => ts.map(f);
+  const { rows } = await pool.query<{ id: string }>(
+    SETTLE([
+      col((t) => t.id), col((t) => t.attempt), col((t) => t.answer.status), col((t) => t.answer.httpStatus),
+      col((t) => t.answer.contentType), col((t) => t.answer.body), col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
+      col((t) => t.tokens.prompt), col((t) => t.tokens.completion), col((t) => t.tokens.total), col((t) => t.sentBytes),
+      col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, shard(), opts.origin,
+    ]),
+  );
+  return new Set(rows.map((r) => r.id));
+}
+
+async function countTraffic(c: PoolClient, id: string, t: Traffic): Promise<void> {
+  await c.query(
+    addToRollup(
+      ['upstream_sent_bytes', 'upstream_received_bytes'],
+      `SELECT namespace_id, $3::bigint AS upstream_sent_bytes, $4::bigint AS upstream_received_bytes FROM sarsen.requests WHERE id = $1`,
+      '$2',
+    ),
+    [id, shard(), t.sentBytes, t.receivedBytes],
+  );
+}
+
+/** Fenced hand-back for a later attempt: back to pending, due at `delayMs`, with its job. */
+export async function scheduleRetry(pool: Pool, f: { id: string; attempt: number; delayMs: number; origin: string } & Traffic): Promise<boolean> {
+  return withTransaction(pool, async (c) => {
+    const { rows } = await c.query<{ next_retry_at: Date }>(
+      `UPDATE sarsen.requests
+          SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, next_retry_at = ${LEASE_END('$3')}
+        WHERE id = $1 AND attempts = $2 AND status = 'running'
+        RETURNING next_retry_at`,
+      [f.id, f.attempt, f.delayMs],
+    );
+    const row = rows[0];
+    if (!row) return false;
+    await c.query(`SELECT ${enqueueSql('$1::text', '$2::timestamptz')}`, [f.id, row.next_retry_at]);
+    await countTraffic(c, f.id, f);
+    await c.query(`WITH n AS (${notifyEvents(`SELECT $1::text AS request_id, 'state' AS event, 'pending' AS arg`, '$2')}) SELECT count(*) FROM n`, [
+      f.id,
+      f.origin,
+    ]);
+    return true;
+  });
+}

@@ -1,0 +1,52 @@
+// Request events (DESIGN.md "Event bus"): what readers of a request wait for. One typed union,
+// one SQL encoder (every statement that changes a request NOTIFYs through `notifyEvents`) and
+// one decoder (the bus reads payloads with `decodeRequestEvents`), so the wire format lives in
+// one place. Events a process produced are delivered to its own readers in memory, with the
+// frames or the answer attached; a NOTIFY carries only ids, sequence numbers and states, and
+// names the process it came from so that process can ignore its own echo.
+import type { Answer, ChunkRow, RequestStatus } from './requests.ts';
+
+export const CHANNEL = 'sarsen_events';
+
+export type RequestEvent =
+  /** Frames up to `seq` are committed. `frames` (in memory, same process only): those frames. */
+  | { type: 'frames'; requestId: string; seq: number; frames?: readonly ChunkRow[] }
+  /** The request moved to `status`. `answer` (in memory, same process only): its terminal answer. */
+  | { type: 'state'; requestId: string; status: RequestStatus; answer?: Answer }
+  /** The attempt readers were following was discarded (its worker died or handed it back). */
+  | { type: 'superseded'; requestId: string };
+
+// Wire codes: [request id, code, argument].
+const CODE = { frames: 'f', state: 's', superseded: 'x' } as const;
+// Request ids are ~30 characters: 100 events keep a payload well under NOTIFY's 8000 bytes.
+const PER_PAYLOAD = 100;
+
+/**
+ * SQL (a SELECT, for a CTE) that NOTIFYs request events. `rows` is a query yielding
+ * `request_id`, `event` ('frames', 'state' or 'superseded') and `arg` (the sequence number
+ * or the status, as text); `origin` is the SQL of the producing process's tag.
+ */
+export function notifyEvents(rows: string, origin: string): string {
+  const code = `CASE ev.event WHEN 'frames' THEN '${CODE.frames}' WHEN 'state' THEN '${CODE.state}' ELSE '${CODE.superseded}' END`;
+  return `SELECT pg_notify('${CHANNEL}', json_build_object('k', 'req', 'o', ${origin}::text, 'e', json_agg(json_build_array(request_id, code, arg)))::text)
+    FROM (SELECT ev.request_id, ${code} AS code, ev.arg::text AS arg, (row_number() OVER ()) / ${PER_PAYLOAD} AS grp
+            FROM (${rows}) AS ev) AS g
+   GROUP BY grp`;
+}
+
+const STATUSES: readonly string[] = ['pending', 'running', 'succeeded', 'failed'];
+
+/** The request events of a NOTIFY payload (already JSON-parsed), or null when it carries none. */
+export function decodeRequestEvents(msg: { k?: unknown; o?: unknown; e?: unknown }): { origin: string | null; events: RequestEvent[] } | null {
+  if (msg.k !== 'req' || !Array.isArray(msg.e)) return null;
+  const events: RequestEvent[] = [];
+  for (const entry of msg.e as unknown[]) {
+    if (!Array.isArray(entry) || typeof entry[0] !== 'string') continue;
+    const [requestId, code, arg] = entry as [string, unknown, unknown];
+    if (code === CODE.frames && Number.isInteger(Number(arg))) events.push({ type: 'frames', requestId, seq: Number(arg) });
+    else if (code === CODE.state && typeof arg === 'string' && STATUSES.includes(arg)) {
+      events.push({ type: 'state', requestId, status: arg as RequestStatus });
+    } else if (code === CODE.superseded) events.push({ type: 'superseded', requestId });
+  }
+  return { origin: typeof msg.o === 'string' ? msg.o : null, events };
+}

@@ -1,0 +1,138 @@
+// The attempts a process runs, whichever way they came: claimed at acceptance by this process
+// (role both: no job pickup between acceptance and the provider call), or claimed from a
+// graphile-worker job. It bounds how many run at once, renews all their leases in one
+// statement per heartbeat (a lease found taken aborts that attempt's provider call), writes
+// each outcome, and at shutdown hands back what cannot finish within the grace.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { isConnectionLoss, retryOnConnectionLoss } from '../db/pool.ts';
+import { claimAttempts, renewLeases, type Attempt } from '../db/attempts.ts';
+import { createBatcher } from '../core/batcher.ts';
+import { runAttempt, LeaseLost, HandBack, StoreFailed, type ExecutorDeps, type Outcome } from './execute.ts';
+import { createSettle } from './settle.ts';
+import { logger, errorFields } from '../log.ts';
+
+// Jobs a worker pool hands out together are claimed together.
+const MAX_CLAIMS = 256;
+// After the grace, how long hand-backs may take to be written before the process goes anyway.
+const HAND_BACK_WAIT_MS = 10_000;
+
+export type Runner = {
+  /** The lease owner this process's attempts carry (its liveness lock is named by it). */
+  readonly owner: string;
+  /** Takes a slot for an attempt this process will claim at acceptance; false when full or stopping. */
+  reserve(): boolean;
+  /** Gives a reserved slot back (the submission attached to another execution). */
+  release(): void;
+  /** Runs an attempt claimed at acceptance, in the slot reserved for it. */
+  run(a: Attempt): void;
+  /** graphile-worker's task: claims the job's request (batched with its neighbours') and runs it. */
+  runJob(requestId: string): Promise<void>;
+  /** Lets attempts finish within the grace, then hands back the rest and waits for that to be written. */
+  stop(graceMs: number): Promise<void>;
+};
+
+type Running = { a: Attempt; controller: AbortController; renewedAt: number };
+
+/** Why runAttempt threw, as an outcome; anything else is a fault in Sarsen and is rethrown. */
+function interrupted(err: unknown, signal: AbortSignal): Outcome {
+  const reason: unknown = signal.aborted ? signal.reason : err;
+  if (reason instanceof HandBack) return { kind: 'handed_back', reason: 'shutdown' };
+  if (reason instanceof LeaseLost || err instanceof LeaseLost) return { kind: 'lease_lost' };
+  if (err instanceof StoreFailed || isConnectionLoss(err)) return { kind: 'handed_back', reason: 'database connection lost' };
+  throw err;
+}
+
+export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurrency: number }): Runner {
+  const { owner, concurrency } = opts;
+  const settle = createSettle(deps);
+  const active = new Set<Running>();
+  let reserved = 0;
+  let stopping = false;
+
+  const claims = createBatcher<string, Attempt | null>(
+    async (ids) => {
+      const claimed = await retryOnConnectionLoss(() => claimAttempts(deps.pool, ids, owner, deps.settings.current().lease_ms));
+      // Two jobs naming one request (a re-dispatch beside a stranded job): only one runs it.
+      return ids.map((id) => {
+        const a = claimed.get(id) ?? null;
+        claimed.delete(id);
+        return a;
+      });
+    },
+    { maxBatch: MAX_CLAIMS },
+  );
+
+  const execute = async (a: Attempt): Promise<void> => {
+    const running: Running = { a, controller: new AbortController(), renewedAt: Date.now() };
+    active.add(running);
+    try {
+      let outcome: Outcome;
+      try {
+        outcome = await runAttempt(deps, a, deps.settings.current(), running.controller.signal);
+      } catch (err) {
+        outcome = interrupted(err, running.controller.signal);
+        running.controller.abort(); // stop the provider call: a zombie must not keep spending tokens
+      }
+      await settle(a, outcome);
+    } catch (err) {
+      // Left running under its lease: the recovery sweep re-dispatches it once the lease expires.
+      logger.error('attempt failed unexpectedly', { request_id: a.id, attempt: a.attempt, ...errorFields(err) });
+    } finally {
+      active.delete(running);
+    }
+  };
+
+  // Each lease is renewed heartbeat_ms after it was taken or last renewed; one statement
+  // renews all that are due (the ticker runs at half the interval, so a renewal comes at most
+  // 1.5 heartbeats after the last). A lease whose fence closed aborts that attempt.
+  let ticker: NodeJS.Timeout | null = null;
+  const renew = async (): Promise<void> => {
+    const { heartbeat_ms: heartbeatMs, lease_ms: leaseMs } = deps.settings.current();
+    const now = Date.now();
+    const due = [...active].filter((r) => now - r.renewedAt >= heartbeatMs);
+    if (due.length === 0) return;
+    try {
+      const still = await renewLeases(deps.pool, due.map((r) => ({ id: r.a.id, attempt: r.a.attempt, jobId: r.a.jobId })), leaseMs);
+      for (const r of due) {
+        if (still.has(r.a.id)) r.renewedAt = now;
+        else r.controller.abort(new LeaseLost('the lease was lost'));
+      }
+    } catch (err) {
+      logger.warn('lease renewal failed', errorFields(err));
+    }
+  };
+  const tick = () => {
+    ticker = setTimeout(() => void renew().finally(() => ticker && tick()), deps.settings.current().heartbeat_ms / 2);
+  };
+  tick();
+
+  return {
+    owner,
+    reserve() {
+      if (stopping || active.size + reserved >= concurrency) return false;
+      reserved++;
+      return true;
+    },
+    release() {
+      reserved--;
+    },
+    run(a) {
+      reserved--;
+      void execute(a);
+    },
+    async runJob(requestId) {
+      const a = await claims.add(requestId);
+      if (a) await execute(a);
+    },
+    async stop(graceMs) {
+      stopping = true;
+      const deadline = Date.now() + graceMs;
+      while (active.size > 0 && Date.now() < deadline) await sleep(25);
+      for (const r of active) r.controller.abort(new HandBack('the process is stopping'));
+      const handBackDeadline = Date.now() + HAND_BACK_WAIT_MS;
+      while (active.size > 0 && Date.now() < handBackDeadline) await sleep(10);
+      if (ticker) clearTimeout(ticker);
+      ticker = null;
+    },
+  };
+}

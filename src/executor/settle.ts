@@ -1,0 +1,59 @@
+// Writing how an attempt ended, fenced on its attempt number, and telling this process's
+// readers at once. Terminal writes are group-committed: every answer that arrives while the
+// previous batch commits goes in the next statement, and once it commits, local waiters get
+// the answer itself in memory (others hear the statement's NOTIFY). Retries and hand-backs
+// are rare and written one by one.
+import type { BaseDeps } from '../deps.ts';
+import { retryOnConnectionLoss } from '../db/pool.ts';
+import { settleBatch, scheduleRetry, type Attempt, type Terminal } from '../db/attempts.ts';
+import { handBack } from '../db/recovery.ts';
+import { createBatcher } from '../core/batcher.ts';
+import type { Outcome } from './execute.ts';
+import { logger } from '../log.ts';
+
+const MAX_BATCH = 500;
+
+export type Settle = (a: Attempt, outcome: Outcome) => Promise<void>;
+
+export function createSettle(deps: BaseDeps): Settle {
+  const terminals = createBatcher<Terminal, boolean>(
+    async (batch) => {
+      const metering = deps.settings.current().metering_enabled;
+      const written = await retryOnConnectionLoss(() => settleBatch(deps.pool, batch, { metering, origin: deps.processId }));
+      return batch.map((t) => written.has(t.id));
+    },
+    { maxBatch: MAX_BATCH },
+  );
+
+  return async (a, outcome) => {
+    const log = { request_id: a.id, attempt: a.attempt };
+    switch (outcome.kind) {
+      case 'succeeded':
+      case 'failed': {
+        const tokens = outcome.kind === 'succeeded' ? outcome.tokens : { prompt: null, completion: null, total: null };
+        const { answer, sentBytes, receivedBytes } = outcome;
+        const written = await terminals.add({ id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, sentBytes, receivedBytes });
+        if (written) deps.bus.publishRequest({ type: 'state', requestId: a.id, status: answer.status, answer });
+        else logger.warn('answer discarded: lease lost before it was stored', log);
+        return;
+      }
+      case 'retry': {
+        const scheduled = await retryOnConnectionLoss(() => scheduleRetry(deps.pool, { ...outcome, id: a.id, attempt: a.attempt, origin: deps.processId }));
+        if (!scheduled) return;
+        deps.bus.publishRequest({ type: 'state', requestId: a.id, status: 'pending' });
+        logger.info('attempt failed; retry scheduled', { ...log, delay_ms: outcome.delayMs });
+        return;
+      }
+      case 'handed_back': {
+        // Another executor takes over at once instead of waiting for the lease to expire (if
+        // the database is still unreachable, the sweep recovers the attempt once it expires).
+        const handed = await retryOnConnectionLoss(() => handBack(deps.pool, a.id, a.attempt, deps.processId)).catch(() => false);
+        if (handed) deps.bus.publishRequest({ type: 'superseded', requestId: a.id });
+        logger.warn('attempt handed back', { ...log, handed, reason: outcome.reason });
+        return;
+      }
+      case 'lease_lost':
+        logger.warn('attempt abandoned: lease lost', log);
+    }
+  };
+}

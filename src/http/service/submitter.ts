@@ -1,0 +1,79 @@
+// Accepting submissions, group-committed per process: every submission that arrives while the
+// previous batch commits goes into the next statement (src/db/submissions.ts), so a request
+// costs a share of one commit. A process that also executes (role both) claims what it accepts
+// in that same statement, while it has a free slot, and starts the provider call as soon as
+// the batch commits; the rest wait as jobs for any executor.
+import type { Pool } from '../../db/pool.ts';
+import { retryOnConnectionLoss } from '../../db/pool.ts';
+import type { Settings, SettingsCache } from '../../config/settings.ts';
+import { submitBatch, submitMetered, type NewRequest, type Submitted, type SubmitSettings } from '../../db/submissions.ts';
+import type { Attempt } from '../../db/attempts.ts';
+import type { BackendForCall } from '../../db/backends.ts';
+import { createBatcher } from '../../core/batcher.ts';
+
+// Bound on one statement's parameters.
+const MAX_BATCH = 500;
+
+/** The executor of this process, as acceptance sees it (src/executor/runner.ts). */
+export type LocalRunner = {
+  readonly owner: string;
+  reserve(): boolean;
+  release(): void;
+  run(a: Attempt): void;
+};
+
+export type Submission = Omit<NewRequest, 'owner'> & { backend: BackendForCall };
+
+export type Submitter = { submit(s: Submission): Promise<Submitted> };
+
+const submitSettings = (s: Settings): SubmitSettings => ({ windowMs: s.idempotency_window_ms, feeMicros: s.request_fee_micros, leaseMs: s.lease_ms });
+
+/** The attempt a submission started and this process claimed: everything it needs is at hand. */
+function claimedAttempt(s: Submission, submitted: Submitted): Attempt {
+  return {
+    id: submitted.requestId,
+    attempt: 1,
+    namespaceId: s.namespaceId,
+    dialect: s.dialect,
+    streaming: s.streaming,
+    forwardedHeaders: s.forwardedHeaders,
+    hops: s.hops,
+    body: s.body,
+    firstSeq: 1,
+    sealedCredential: s.sealedCredential,
+    backend: s.backend,
+    jobId: submitted.jobId,
+  };
+}
+
+export function createSubmitter(pool: Pool, settings: SettingsCache, runner: LocalRunner | null): Submitter {
+  const batches = createBatcher<NewRequest, Submitted | null>(
+    (batch) => retryOnConnectionLoss(() => submitBatch(pool, batch, submitSettings(settings.current()))),
+    { maxBatch: MAX_BATCH },
+  );
+  // A repeat after a lost connection finds what the first try committed (see submitBatch).
+  const once = (r: NewRequest): Promise<Submitted | null> => {
+    const s = settings.current();
+    return s.metering_enabled ? retryOnConnectionLoss(() => submitMetered(pool, r, submitSettings(s))) : batches.add(r);
+  };
+
+  return {
+    async submit(s) {
+      const owner = runner?.reserve() ? runner.owner : null;
+      let started = false;
+      try {
+        for (;;) {
+          const submitted = await once({ ...s, owner });
+          if (submitted === null) continue; // an identical body's claim was committed meanwhile: land on it
+          if (owner !== null && !submitted.attached) {
+            runner!.run(claimedAttempt(s, submitted));
+            started = true;
+          }
+          return submitted;
+        }
+      } finally {
+        if (owner !== null && !started) runner!.release();
+      }
+    },
+  };
+}

@@ -1,0 +1,199 @@
+// Watching one request: its frames after a point (stored ones, then live), then its terminal
+// answer. The synchronous, streaming and replay routes all read a request through this.
+//
+// What this process produced arrives in memory: committed frames from its chunk writer, the
+// answer from its terminal write. The database is read only for what happened elsewhere (a
+// NOTIFY names it), for what was stored before the watch began, after a bus reconnect (NOTIFY
+// is not replayed), and on a slow backstop poll. Frames are only ever delivered after their
+// flush committed, so every id a reader saw can be read again.
+import type { BaseDeps } from '../../deps.ts';
+import type { RequestEvent } from '../../db/events.ts';
+import {
+  readFrames,
+  readRecord,
+  readStreamState,
+  frameExists,
+  answerOf,
+  isTerminal,
+  type Answer,
+  type ChunkRow,
+} from '../../db/requests.ts';
+
+export type WatchEvent =
+  | { type: 'frame'; seq: number; frame: Buffer }
+  /** The request settled; `answer` is what it stored. */
+  | { type: 'end'; answer: Answer }
+  /** The attempt whose frames were delivered was discarded (its worker died, another took over). */
+  | { type: 'superseded' }
+  /** `idleMs` passed without news (callers send keep-alives or check deadlines). */
+  | { type: 'idle' };
+
+export type Watched = Readonly<{ id: string; namespaceId: string; streaming: boolean }>;
+
+export type WatchOptions = {
+  /** Deliver frames after this sequence number (0: from the first). */
+  afterSeq: number;
+  idleMs: number;
+  signal: AbortSignal;
+  /** The request was just accepted and is not settled: nothing stored needs reading yet. */
+  fresh?: boolean;
+};
+
+const PAGE = 500;
+const BACKSTOP_POLL_MS = 2_000;
+// Frames held in memory for a reader that is behind; past this it reads the table instead.
+const MAX_INBOX = 256;
+
+export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): AsyncGenerator<WatchEvent> {
+  let after = opts.afterSeq;
+  let following: number | null = null; // the attempt whose frames were delivered
+  // What is known but not yet delivered: frames handed over in memory, the newest committed
+  // sequence announced, the answer handed over in memory.
+  let inbox: ChunkRow[] = [];
+  let announced = after;
+  let answer: Answer | null = null;
+  // Whether the database must be read: the stored frames, and the state (it changed somewhere
+  // else, or the bus reconnected, or the backstop interval passed).
+  let readTable = !opts.fresh;
+  let stateNews = !opts.fresh;
+  let generation = 0;
+  let wake: (() => void) | null = null;
+  const poke = () => {
+    generation++;
+    wake?.();
+  };
+  const onEvent = (ev: RequestEvent) => {
+    if (ev.type === 'frames') {
+      if (ev.frames && inbox.length < MAX_INBOX) inbox.push(...ev.frames);
+      announced = Math.max(announced, ev.seq);
+    } else if (ev.type === 'state' && ev.answer) answer = ev.answer;
+    else stateNews = true;
+    poke();
+  };
+  const onReconnect = () => {
+    readTable = stateNews = true;
+    poke();
+  };
+  /** The inbox's frames that continue exactly after `after`, or null when it has none (read the table). */
+  const takeInbox = (): ChunkRow[] | null => {
+    const fresh = inbox.filter((f) => f.seq > after);
+    inbox = [];
+    if (fresh.length === 0 || fresh[0]!.seq !== after + 1) return null;
+    const run = [fresh[0]!];
+    for (let i = 1; i < fresh.length && fresh[i]!.seq === run[run.length - 1]!.seq + 1; i++) run.push(fresh[i]!);
+    return run; // frames after a gap are read from the table next time round (see `announced`)
+  };
+  const nextFrames = async (): Promise<ChunkRow[]> => {
+    if (!r.streaming) {
+      readTable = false; // a request that was not streamed has no frames
+      return [];
+    }
+    const run = takeInbox();
+    if (run) return run;
+    if (!readTable && announced <= after) return [];
+    const before = announced;
+    const rows = await readFrames(deps.pool, r.id, after, PAGE);
+    readTable = rows.length === PAGE; // a full page: there may be more
+    // Otherwise the table has all there is: what was announced and is missing was discarded
+    // (its attempt was superseded, which the state read tells).
+    if (!readTable && announced === before) announced = Math.min(announced, rows.at(-1)?.seq ?? after);
+    return rows;
+  };
+  // Waits for a poke or, at most, until the next idle tick or backstop poll (which re-reads the state).
+  const sleep = (untilIdleMs: number) =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(
+        () => {
+          readTable = stateNews = true;
+          done();
+        },
+        Math.max(0, Math.min(untilIdleMs, BACKSTOP_POLL_MS)),
+      );
+      function done() {
+        clearTimeout(timer);
+        wake = null;
+        resolve();
+      }
+      wake = done;
+    });
+
+  const unsubscribe = deps.bus.onRequest(r.id, onEvent);
+  const unReconnect = deps.bus.onReconnect(onReconnect);
+  opts.signal.addEventListener('abort', poke);
+  try {
+    // A resume point that was handed out but is no longer stored belongs to a discarded
+    // attempt (frames are only ever removed that way while the record lives).
+    if (after > 0) {
+      const initial = await readStreamState(deps.pool, r.id);
+      if (initial && after <= initial.seqHigh && !(await frameExists(deps.pool, r.id, after))) {
+        yield { type: 'superseded' };
+        return;
+      }
+    }
+    let lastNews = Date.now();
+    for (;;) {
+      if (opts.signal.aborted) return;
+      const seen = generation;
+      const frames = await nextFrames();
+      for (const f of frames) {
+        if (following !== null && f.attempt !== following) {
+          yield { type: 'superseded' };
+          return;
+        }
+        following = f.attempt;
+        after = f.seq;
+        yield { type: 'frame', seq: f.seq, frame: f.frame };
+      }
+      if (frames.length > 0) lastNews = Date.now();
+
+      if (!answer && stateNews) {
+        stateNews = false; // before the read: news arriving during it sets it again
+        if (r.streaming) {
+          const state = await readStreamState(deps.pool, r.id);
+          if (state === null) return;
+          // Frames were delivered from an attempt that is no longer the live one: its worker
+          // died and the request went back to pending (or another attempt already took it).
+          if (following !== null && !isTerminal(state.status) && (state.status === 'pending' || state.attempts !== following)) {
+            yield { type: 'superseded' };
+            return;
+          }
+          if (isTerminal(state.status)) answer = await readAnswer(deps, r);
+        } else {
+          answer = await readAnswer(deps, r);
+        }
+        // Frames commit before the terminal write: those not yet delivered are in the table.
+        if (answer) readTable = true;
+      }
+      if (answer) {
+        for (let rest = await nextFrames(); rest.length > 0; rest = await nextFrames()) {
+          for (const f of rest) {
+            after = f.seq;
+            yield { type: 'frame', seq: f.seq, frame: f.frame };
+          }
+        }
+        yield { type: 'end', answer };
+        return;
+      }
+      // Read on after a full page, or when frames were announced that the inbox did not hold.
+      if (readTable || announced > after || generation !== seen) continue;
+      const quiet = Date.now() - lastNews;
+      if (quiet >= opts.idleMs) {
+        lastNews = Date.now();
+        yield { type: 'idle' };
+        continue;
+      }
+      await sleep(opts.idleMs - quiet);
+    }
+  } finally {
+    unsubscribe();
+    unReconnect();
+    opts.signal.removeEventListener('abort', poke);
+  }
+}
+
+/** The stored answer; null while the request has not settled. */
+async function readAnswer(deps: BaseDeps, r: Watched): Promise<Answer | null> {
+  const record = await readRecord(deps.pool, r.namespaceId, r.id);
+  if (!record) throw new Error(`request ${r.id} vanished while watched`);
+  return answerOf(record);
+}
