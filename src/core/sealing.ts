@@ -3,7 +3,7 @@
 //   [1 byte key version][12 byte random nonce][ciphertext][16 byte GCM tag]
 // The version byte lets the secret rotate: old rows still open under their version
 // while new seals use the current one.
-import { createCipheriv, createDecipheriv, hkdfSync, randomBytes } from 'node:crypto';
+import { createCipheriv, createDecipheriv, createSecretKey, hkdfSync, randomBytes, type KeyObject } from 'node:crypto';
 
 const ALGORITHM = 'aes-256-gcm';
 const NONCE_LEN = 12;
@@ -17,7 +17,7 @@ export type Keyring = {
   readonly currentVersion: number;
   readonly versions: readonly number[];
   /** Derived 32-byte key for a version, or undefined. */
-  readonly keyFor: (version: number) => Buffer | undefined;
+  readonly keyFor: (version: number) => KeyObject | undefined;
 };
 
 export type KeyringSecret = { version: number; secret: string | Buffer };
@@ -33,7 +33,8 @@ function sealError(message: string): Error {
  */
 export function createKeyring(secrets: readonly KeyringSecret[], currentVersion?: number): Keyring {
   if (secrets.length === 0) throw new Error('keyring needs at least one secret');
-  const keys = new Map<number, Buffer>();
+  // Key objects, made once: Node would otherwise make one from a Buffer on every cipher.
+  const keys = new Map<number, KeyObject>();
   for (const { version, secret } of secrets) {
     if (!Number.isInteger(version) || version < 1 || version > 255) {
       throw new RangeError(`key version must be an integer 1..255, got ${version}`);
@@ -41,7 +42,7 @@ export function createKeyring(secrets: readonly KeyringSecret[], currentVersion?
     if (keys.has(version)) throw new Error(`key version ${version} given twice`);
     const ikm = typeof secret === 'string' ? Buffer.from(secret, 'utf8') : secret;
     if (ikm.length === 0) throw new Error(`secret for key version ${version} is empty`);
-    keys.set(version, Buffer.from(hkdfSync('sha256', ikm, HKDF_SALT, HKDF_INFO, 32)));
+    keys.set(version, createSecretKey(Buffer.from(hkdfSync('sha256', ikm, HKDF_SALT, HKDF_INFO, 32))));
   }
   const versions = [...keys.keys()].sort((a, b) => a - b);
   const current = currentVersion ?? versions[versions.length - 1];

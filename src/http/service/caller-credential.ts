@@ -2,7 +2,7 @@
 // the provider credential each call brings, and what of it may be kept.
 import crypto from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
-import { looksLikeSarsenKey } from '../../core/api-keys.ts';
+import { looksLikeSarsenKey, hashKeyObject } from '../../core/api-keys.ts';
 
 /**
  * The provider credential a call brought: `x-api-key`, else the `Authorization` bearer value
@@ -23,5 +23,5 @@ export function callerCredential(headers: IncomingHttpHeaders): string | null {
  * credentials is two executions and the stored identity reveals nothing of the credential.
  */
 export function credentialIdentity(hashKey: Buffer, credential: string): string {
-  return crypto.createHmac('sha256', hashKey).update(`sarsen-caller-credential\0${credential}`).digest('hex');
+  return crypto.createHmac('sha256', hashKeyObject(hashKey)).update(`sarsen-caller-credential\0${credential}`).digest('hex');
 }
