@@ -7,8 +7,8 @@ import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Answer, Dialect } from './requests.ts';
 import type { BackendForCall } from './backends.ts';
-import { enqueueSql, completeJobsSql, rescheduleJobsSql } from './jobs.ts';
-import { addToRollup, addToKeyHour, shard } from './counters.ts';
+import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
+import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
 
 export type Attempt = Readonly<{
@@ -40,7 +40,7 @@ const CLAIM = prepared(
      SET status = 'running', attempts = q.attempts + 1, lease_owner = $2, lease_expires_at = ${LEASE_END('$3')},
          started_at = coalesce(q.started_at, now()), next_retry_at = NULL, stream_first_seq = q.seq_high + 1
     FROM (SELECT DISTINCT id FROM unnest($1::text[]) AS id) AS i
-   WHERE q.id = i.id AND q.status = 'pending'
+   WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.status = 'pending'
   RETURNING q.id, q.attempts, q.namespace_id, q.api_key_id, q.backend_id, q.dialect, q.streaming, q.forwarded_headers,
             q.hops, q.stream_first_seq
 ), counted AS (
@@ -71,7 +71,7 @@ SELECT c.id, c.attempts, c.namespace_id, c.dialect, c.streaming, c.forwarded_hea
  * are held by another attempt.
  */
 export async function claimAttempts(pool: Pool, ids: readonly string[], owner: string, leaseMs: number): Promise<Map<string, Attempt>> {
-  const { rows } = await pool.query(CLAIM([ids, owner, leaseMs, shard()]));
+  const { rows } = await pool.query(CLAIM([ids, owner, leaseMs, WRITER_SHARD.claims]));
   return new Map(
     rows.map((r) => [
       r.id,
@@ -111,7 +111,7 @@ const RENEW = prepared(
   `WITH renewed AS (
   UPDATE sarsen.requests q SET lease_expires_at = ${LEASE_END('$4')}
     FROM unnest($1::text[], $2::int[], $3::bigint[]) AS a(id, attempt, job_id)
-   WHERE q.id = a.id AND q.attempts = a.attempt AND q.status = 'running'
+   WHERE q.id = a.id AND q.id = ANY($1::text[]) AND q.attempts = a.attempt AND q.status = 'running'
   RETURNING q.id, a.job_id
 ), moved AS (
   -- An attempt claimed at acceptance keeps its backstop job due at its lease's end.
@@ -143,10 +143,13 @@ const SETTLE = prepared(
          prompt, completion, total, sent, received, job_id)
 ), cost AS (
   -- Token cost at the model's price (micro-credits per million tokens, rounded up); no price, no charge.
-  SELECT i.id, coalesce((ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
-                       + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint, 0) AS micros
-    FROM input i JOIN sarsen.requests q ON q.id = i.id
-    LEFT JOIN sarsen.prices p ON p.model = q.upstream_model AND i.outcome = 'succeeded'
+  SELECT i.id, coalesce(c.micros, 0) AS micros FROM input i
+    LEFT JOIN LATERAL (
+      SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
+            + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint AS micros
+        FROM sarsen.requests q JOIN sarsen.prices p ON p.model = q.upstream_model
+       WHERE q.id = i.id AND i.outcome = 'succeeded'
+    ) AS c ON true
 ), done AS (
   UPDATE sarsen.requests q
      SET status = i.outcome, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, next_retry_at = NULL,
@@ -154,7 +157,7 @@ const SETTLE = prepared(
          error_status = i.error_status, retry_after = i.retry_after, response_bytes = octet_length(i.body),
          cost_micros = q.cost_micros + c.micros
     FROM input i JOIN cost c ON c.id = i.id
-   WHERE q.id = i.id AND q.attempts = i.attempt AND q.status = 'running'
+   WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
   RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
             i.prompt, i.completion, i.total, i.sent, i.received, i.job_id
 ), answer AS (
@@ -199,7 +202,7 @@ const SETTLE = prepared(
   ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
   RETURNING 1
 ), removed AS (
-  SELECT j.id FROM ${completeJobsSql(`ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)`)} AS j
+  ${removeBackstopJobsSql(`SELECT job_id FROM done WHERE job_id IS NOT NULL`)}
 ), notified AS (
   ${notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, '$17')}
 )
@@ -219,7 +222,7 @@ export async function settleBatch(pool: Pool, ts: readonly Terminal[], opts: { m
       col((t) => t.id), col((t) => t.attempt), col((t) => t.answer.status), col((t) => t.answer.httpStatus),
       col((t) => t.answer.contentType), col((t) => t.answer.body), col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
       col((t) => t.tokens.prompt), col((t) => t.tokens.completion), col((t) => t.tokens.total), col((t) => t.sentBytes),
-      col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, shard(), opts.origin,
+      col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, WRITER_SHARD.terminals, opts.origin,
     ]),
   );
   return new Set(rows.map((r) => r.id));

@@ -2,7 +2,7 @@
 // frames of every live stream of a process. Readers are in requests.ts.
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
-import { addToRollup, shard } from './counters.ts';
+import { addToRollup, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
@@ -15,6 +15,7 @@ const STORE = prepared(
   -- Locked, so a recovery cannot slip in between this check and the insert.
   SELECT i.* FROM input i
     JOIN sarsen.requests q ON q.id = i.request_id AND q.attempts = i.attempt AND q.status = 'running'
+   WHERE q.id = ANY($1::text[])
      FOR UPDATE OF q
 ), ins AS (
   INSERT INTO sarsen.chunks (request_id, seq, attempt, frame)
@@ -25,7 +26,7 @@ const STORE = prepared(
 ), bumped AS (
   UPDATE sarsen.requests q
      SET chunk_bytes = q.chunk_bytes + p.bytes, seq_high = greatest(q.seq_high, p.seq)
-    FROM per_request p WHERE q.id = p.request_id
+    FROM per_request p WHERE q.id = p.request_id AND q.id = ANY($1::text[])
   RETURNING q.namespace_id, p.bytes
 ), stored AS (
   ${addToRollup(['chunk_bytes'], `SELECT namespace_id, sum(bytes) AS chunk_bytes FROM bumped GROUP BY namespace_id`, '$5')}
@@ -45,7 +46,7 @@ SELECT p.request_id, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) F
  */
 export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Map<string, number>> {
   const { rows } = await pool.query<{ request_id: string; seq: number }>(
-    STORE([frames.map((f) => f.requestId), frames.map((f) => f.attempt), frames.map((f) => f.seq), frames.map((f) => f.frame), shard(), origin]),
+    STORE([frames.map((f) => f.requestId), frames.map((f) => f.attempt), frames.map((f) => f.seq), frames.map((f) => f.frame), WRITER_SHARD.frames, origin]),
   );
   return new Map(rows.map((r) => [r.request_id, r.seq]));
 }

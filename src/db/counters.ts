@@ -4,8 +4,20 @@
 // statement, so an ON CONFLICT never touches a row twice.
 
 const ROLLUP_SHARDS = 16;
-/** The shard a statement's counters go to, chosen at random per statement. */
+/** A shard chosen at random per statement, for writers that run now and then. */
 export const shard = (): number => Math.floor(Math.random() * ROLLUP_SHARDS);
+
+// The group-committing writers of a process each add to a shard of their own, chosen once per
+// process: a counter row stays locked until its statement commits (fsync included), and two
+// flushes of one process must never queue behind each other on it. Consecutive shards differ
+// modulo KEY_SHARDS too.
+const base = shard();
+export const WRITER_SHARD = {
+  submissions: base,
+  claims: (base + 1) % ROLLUP_SHARDS,
+  terminals: (base + 2) % ROLLUP_SHARDS,
+  frames: (base + 3) % ROLLUP_SHARDS,
+} as const;
 /**
  * Per-key hourly rows see far fewer writers than a namespace's counters, and GET /usage reads
  * one row per key, hour and shard of its window: a few shards keep that read small.

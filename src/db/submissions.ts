@@ -9,8 +9,8 @@
 import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
-import { addJobsSql } from './jobs.ts';
-import { addToRollup, addToKeyHour, shard } from './counters.ts';
+import { addJobsSql, insertBackstopJobsSql } from './jobs.ts';
+import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
 
 export type NewRequest = Readonly<{
   id: string;
@@ -70,8 +70,10 @@ const SUBMIT = prepared(
   SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
     FROM input i
     LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
-    LEFT JOIN sarsen.idempotency_claims l
-      ON c.request_id IS NULL AND l.namespace_id = i.namespace_id AND l.identity = i.identity AND l.expires_at > now()
+    LEFT JOIN LATERAL (
+      SELECT k.request_id FROM sarsen.idempotency_claims k
+       WHERE c.request_id IS NULL AND k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()
+    ) AS l ON true
 ), created AS (
   SELECT * FROM placed WHERE ${NEW} AND NOT repeated
 ), request AS (
@@ -88,10 +90,13 @@ const SUBMIT = prepared(
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
 ), credential AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
-), job AS (
-  SELECT j.key AS request_id, j.id AS job_id
-    FROM (SELECT 1 FROM created LIMIT 1) AS one_created,
-         LATERAL ${addJobsSql(`SELECT id, CASE WHEN owner IS NOT NULL THEN ${LEASE_END} END AS run_at FROM created`)} AS j
+), due AS (
+  -- Work another executor is to run: due now, its worker pools woken.
+  SELECT j.id FROM (SELECT 1 FROM created WHERE owner IS NULL LIMIT 1) AS one_pending,
+    LATERAL ${addJobsSql(`SELECT id, NULL::timestamptz AS run_at FROM created WHERE owner IS NULL`)} AS j
+), backstop AS (
+  -- Work this process claimed: due when its lease ends, should this process die holding it.
+  ${insertBackstopJobsSql(`SELECT id, ${LEASE_END} AS run_at FROM created WHERE owner IS NOT NULL`)}
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
@@ -117,15 +122,14 @@ const SUBMIT = prepared(
   )}
   RETURNING 1
 )
-SELECT p.request_id, p.request_id = p.id AS created, j.job_id::text AS job_id,
+SELECT p.request_id, p.request_id = p.id AS created, b.id::text AS job_id,
        -- A request this batch created is reported pending (SPEC.md: accepted is pending), even when
        -- this process claimed it in the same statement and it is running already.
-       coalesce(q.status, 'pending') AS status,
-       (SELECT count(*) FROM job) AS jobs
+       CASE WHEN m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
+       (SELECT count(*) FROM due) AS due
   FROM placed p
   LEFT JOIN created m ON m.id = p.request_id
-  LEFT JOIN sarsen.requests q ON m.id IS NULL AND q.id = p.request_id
-  LEFT JOIN job j ON j.request_id = p.request_id AND p.request_id = p.id
+  LEFT JOIN backstop b ON b.key = p.request_id AND p.request_id = p.id
  ORDER BY p.ord`,
 );
 
@@ -133,14 +137,19 @@ SELECT p.request_id, p.request_id = p.id AS created, j.job_id::text AS job_id,
  * Accepts a batch of submissions in one statement. The answer lines up with `rs`; null means
  * "submit it again" (an identical body's claim was committed concurrently).
  */
-export async function submitBatch(db: Pool | PoolClient, rs: readonly NewRequest[], s: SubmitSettings): Promise<(Submitted | null)[]> {
+export async function submitBatch(
+  db: Pool | PoolClient,
+  rs: readonly NewRequest[],
+  s: SubmitSettings,
+  counterShard: number = WRITER_SHARD.submissions,
+): Promise<(Submitted | null)[]> {
   const col = <T>(f: (r: NewRequest) => T) => rs.map(f);
   const { rows } = await db.query<{ request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null }>(
     SUBMIT([
       col((r) => r.id), col((r) => r.tenancyId), col((r) => r.namespaceId), col((r) => r.apiKeyId), col((r) => r.backendId),
       col((r) => r.dialect), col((r) => r.streaming), col((r) => r.model), col((r) => r.upstreamModel),
       col((r) => JSON.stringify(r.forwardedHeaders)), col((r) => r.hops), col((r) => r.body), col((r) => r.identity),
-      col((r) => r.sealedCredential), col((r) => r.owner), s.windowMs, s.feeMicros, s.leaseMs, shard(),
+      col((r) => r.sealedCredential), col((r) => r.owner), s.windowMs, s.feeMicros, s.leaseMs, counterShard,
     ]),
   );
   return rows.map((row) =>
@@ -207,7 +216,8 @@ async function debit(c: PoolClient, r: NewRequest, micros: number): Promise<void
  */
 export async function submitMetered(pool: Pool, r: NewRequest, s: SubmitSettings): Promise<Submitted | null> {
   return withTransaction(pool, async (c) => {
-    const [submitted] = await submitBatch(c, [r], s);
+    // Metered submissions run concurrently, each its own transaction: any shard will do.
+    const [submitted] = await submitBatch(c, [r], s, shard());
     if (submitted && !submitted.attached) {
       await checkMetering(c, r);
       await debit(c, r, s.feeMicros);
