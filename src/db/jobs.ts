@@ -1,7 +1,14 @@
 // A request's work in graphile-worker's queue (DESIGN.md section 7): task `execute_request`,
 // job key = request id, so a new job replaces a pending one and retires a dead worker's locked
-// one, and `graphile_worker.jobs where key = 'req_…'` finds a request's pending work. Only
-// graphile-worker's public functions are called.
+// one, and `graphile_worker.jobs where key = 'req_…'` finds a request's pending work.
+//
+// Jobs due now go through graphile-worker's public functions, which wake the worker pools.
+// The backstop job of an attempt claimed at acceptance (due when its lease ends; see
+// submissions.ts) is written to and removed from graphile-worker's job table directly: that
+// happens twice per request on the hot path, and add_jobs would wake every worker pool for
+// a job nobody can take yet (a NOTIFY, then a fetch per pool) and cost more than the request's
+// own rows. The columns written are those add_jobs writes; the integration tests read the
+// result back through graphile-worker's public `jobs` view.
 
 export const EXECUTE_REQUEST = 'execute_request';
 const MAX_ATTEMPTS = 25;
@@ -22,12 +29,29 @@ export function addJobsSql(rows: string): string {
       FROM (${rows}) AS j))`;
 }
 
-/** SQL (a FROM item) deleting the jobs whose ids `ids` (a bigint[] expression) names, unless a worker holds them. */
-export function completeJobsSql(ids: string): string {
-  return `graphile_worker.complete_jobs(${ids})`;
-}
-
 /** SQL (a FROM item) moving unlocked jobs `ids` (a bigint[] expression) to `runAt`. */
 export function rescheduleJobsSql(ids: string, runAt: string): string {
   return `graphile_worker.reschedule_jobs(${ids}, run_at => ${runAt})`;
 }
+
+const TASK_ID = `(SELECT id FROM graphile_worker._private_tasks WHERE identifier = '${EXECUTE_REQUEST}')`;
+
+/**
+ * SQL (a data-modifying CTE body) inserting a backstop job per row of `rows` (columns `id`,
+ * `run_at`), without waking any worker; yields `key` and `id`. The task's row exists from
+ * startup on (`ensureTaskSql`).
+ */
+export function insertBackstopJobsSql(rows: string): string {
+  return `INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
+    SELECT ${TASK_ID}, json_build_object('request_id', j.id), j.run_at, ${MAX_ATTEMPTS}, j.id FROM (${rows}) AS j
+    RETURNING key, id`;
+}
+
+/** SQL (a data-modifying CTE body) removing the backstop jobs whose ids `rows` yields (column `job_id`) unless a worker holds them. */
+export function removeBackstopJobsSql(rows: string): string {
+  return `DELETE FROM graphile_worker._private_jobs AS jobs USING (${rows}) AS r
+    WHERE jobs.id = r.job_id AND jobs.locked_at IS NULL RETURNING 1`;
+}
+
+/** Registers the task with graphile-worker (as its worker pools do when they start), for backstop jobs. */
+export const ENSURE_TASK_SQL = `INSERT INTO graphile_worker._private_tasks (identifier) VALUES ('${EXECUTE_REQUEST}') ON CONFLICT DO NOTHING`;

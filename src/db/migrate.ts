@@ -10,6 +10,7 @@ import type { ConnectionConfig, Pool } from './pool.ts';
 import { createClient } from './pool.ts';
 import { logger } from '../log.ts';
 import { workerLogger } from '../executor/worker-logger.ts';
+import { ENSURE_TASK_SQL } from './jobs.ts';
 
 export const MIGRATIONS_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../sql/migrations');
 
@@ -41,6 +42,7 @@ export async function migrate(conn: ConnectionConfig, pool: Pool): Promise<void>
         logger: { debug: () => {}, info: () => {}, warn: (m: string) => logger.warn(m), error: (m: string) => logger.error(m) },
       });
       await runWorkerMigrations({ pgPool: pool, logger: workerLogger });
+      await client.query(ENSURE_TASK_SQL);
     } finally {
       await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY.toString()]).catch(() => undefined);
     }
