@@ -1,5 +1,5 @@
 // The plain `deps` object every factory takes (no dependency-injection framework).
-import type { Pool } from './db/pool.ts';
+import type { ConnectionConfig, Pool } from './db/pool.ts';
 import type { Bus } from './bus/bus.ts';
 import type { SettingsCache } from './config/settings.ts';
 import type { Secrets } from './config/secrets.ts';
@@ -11,6 +11,8 @@ import type { Submitter } from './http/service/submitter.ts';
 export type BaseDeps = Readonly<{
   /** Names this process: its leases' owner, and the origin of the events it NOTIFYs. */
   processId: string;
+  /** Where the database is, for parts that keep connections of their own (the batch writers). */
+  conn: ConnectionConfig;
   pool: Pool;
   bus: Bus;
   settings: SettingsCache;

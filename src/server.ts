@@ -57,6 +57,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
 
     const base: BaseDeps = Object.freeze({
       processId,
+      conn: opts.conn,
       pool,
       bus,
       settings,
@@ -66,7 +67,8 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     });
     const executor: Executor | null = executes ? await startExecutor(base, opts.conn, { concurrency: opts.serve.executorConcurrency }) : null;
     if (executor) cleanups.push(() => executor.stop(0));
-    const deps: Deps = Object.freeze({ ...base, submitter: createSubmitter(pool, settings, executor?.runner ?? null) });
+    const deps: Deps = Object.freeze({ ...base, submitter: createSubmitter(opts.conn, pool, settings, executor?.runner ?? null) });
+    cleanups.push(() => deps.submitter.close());
     const api = opts.serve.role === 'executor' ? { routers: [], close: async () => {} } : apiRouters(deps);
     cleanups.push(() => api.close());
     const app = createApp({
@@ -80,7 +82,9 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const connections = trackConnections(server);
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
-      server.listen(opts.serve.port, opts.serve.host, () => {
+      // A deep accept queue (the kernel caps it at somaxconn): a burst of callers opening
+      // streams at once must not wait out SYN retransmissions.
+      server.listen({ port: opts.serve.port, host: opts.serve.host, backlog: 4096 }, () => {
         server.off('error', reject);
         resolve();
       });

@@ -60,8 +60,8 @@ SELECT c.id, c.attempts, c.namespace_id, c.dialect, c.streaming, c.forwarded_hea
        bk.id AS backend_id, bk.namespace_id AS backend_namespace_id, bk.kind, bk.dialect AS backend_dialect, bk.address,
        bk.credential_source, bk.credential_sealed,
        (SELECT count(*) FROM counted) + (SELECT count(*) FROM per_key) AS counted
-  FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id
-  LEFT JOIN sarsen.request_credentials k ON k.request_id = c.id
+  FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id AND b.request_id = ANY($1::text[])
+  LEFT JOIN sarsen.request_credentials k ON k.request_id = c.id AND k.request_id = ANY($1::text[])
   LEFT JOIN sarsen.backends bk ON bk.id = c.backend_id`,
 );
 
@@ -131,30 +131,36 @@ export async function renewLeases(pool: Pool, held: readonly Held[], leaseMs: nu
 export type Tokens = { prompt: number | null; completion: number | null; total: number | null };
 export type Traffic = { sentBytes: number; receivedBytes: number };
 
-/** A fenced terminal write: the answer (a success, or the stored error) and what it is counted as. */
-export type Terminal = Readonly<{ id: string; attempt: number; jobId: string | null; answer: Answer; tokens: Tokens } & Traffic>;
+/**
+ * A fenced terminal write: the answer (a success, or the stored error), what it is counted as,
+ * and for a stream what its frames hold (the bytes, and the sequence number of the last).
+ */
+export type Terminal = Readonly<
+  { id: string; attempt: number; jobId: string | null; answer: Answer; tokens: Tokens; frames: { bytes: number; lastSeq: number } | null } & Traffic
+>;
 
 const SETTLE = prepared(
   'sarsen_settle_batch',
   `WITH input AS (
   SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $6::bytea[], $7::int[], $8::text[],
-                       $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[])
+                       $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $18::bigint[], $19::int[])
     AS t(id, attempt, outcome, http_status, content_type, body, error_status, retry_after,
-         prompt, completion, total, sent, received, job_id)
+         prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq)
 ), cost AS (
   -- Token cost at the model's price (micro-credits per million tokens, rounded up); no price, no charge.
-  SELECT i.id, coalesce(c.micros, 0) AS micros FROM input i
-    LEFT JOIN LATERAL (
+  -- A key lookup per answer (a subquery in the select list is never turned into a join).
+  SELECT i.id, coalesce((
       SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
-            + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint AS micros
+            + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint
         FROM sarsen.requests q JOIN sarsen.prices p ON p.model = q.upstream_model
-       WHERE q.id = i.id AND i.outcome = 'succeeded'
-    ) AS c ON true
+       WHERE q.id = i.id AND i.outcome = 'succeeded'), 0) AS micros
+    FROM input i
 ), done AS (
   UPDATE sarsen.requests q
      SET status = i.outcome, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, next_retry_at = NULL,
          prompt_tokens = i.prompt, completion_tokens = i.completion, total_tokens = i.total,
          error_status = i.error_status, retry_after = i.retry_after, response_bytes = octet_length(i.body),
+         chunk_bytes = i.chunk_bytes, seq_high = greatest(q.seq_high, i.last_seq),
          cost_micros = q.cost_micros + c.micros
     FROM input i JOIN cost c ON c.id = i.id
    WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
@@ -163,10 +169,11 @@ const SETTLE = prepared(
 ), answer AS (
   INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
 ), forgotten AS (
-  DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id RETURNING 1
+  DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) RETURNING 1
 ), released AS (
   -- A terminal failure releases the claim: the same body afterwards is a new request.
-  DELETE FROM sarsen.idempotency_claims k USING done d WHERE k.request_id = d.id AND d.outcome = 'failed' RETURNING 1
+  DELETE FROM sarsen.idempotency_claims k USING done d
+   WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) AND d.outcome = 'failed' RETURNING 1
 ), rollup AS (
   ${addToRollup(
     ['upstream_sent_bytes', 'upstream_received_bytes', 'response_bytes'],
@@ -202,7 +209,7 @@ const SETTLE = prepared(
   ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
   RETURNING 1
 ), removed AS (
-  ${removeBackstopJobsSql(`SELECT job_id FROM done WHERE job_id IS NOT NULL`)}
+  ${removeBackstopJobsSql(`ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)`)}
 ), notified AS (
   ${notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, '$17')}
 )
@@ -223,6 +230,7 @@ export async function settleBatch(pool: Pool, ts: readonly Terminal[], opts: { m
       col((t) => t.answer.contentType), col((t) => t.answer.body), col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
       col((t) => t.tokens.prompt), col((t) => t.tokens.completion), col((t) => t.tokens.total), col((t) => t.sentBytes),
       col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, WRITER_SHARD.terminals, opts.origin,
+      col((t) => t.frames?.bytes ?? 0), col((t) => t.frames?.lastSeq ?? 0),
     ]),
   );
   return new Set(rows.map((r) => r.id));

@@ -1,52 +1,116 @@
-// Writing stream frames (DESIGN.md "Chunks"): one statement per chunk-writer flush stores the
-// frames of every live stream of a process. Readers are in requests.ts.
+// Stream frames (DESIGN.md "Chunks"), stored packed (migration 007): one row per chunk-writer
+// flush and attempt, holding that flush's frames of the attempt back to back. Writers hand
+// over single frames and readers get single frames; the packing lives here.
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
+import type { ChunkRow } from './requests.ts';
 import { addToRollup, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
 
+type Packed = { requestId: string; attempt: number; lastSeq: number; frames: Buffer; lengths: string | null };
+
+/** Consecutive frames of one attempt become one row (in the order given, which is each stream's own). */
+function pack(frames: readonly FrameRow[]): Packed[] {
+  const runs = new Map<string, FrameRow[][]>();
+  for (const f of frames) {
+    const own = runs.get(f.requestId) ?? [];
+    if (own.length === 0) runs.set(f.requestId, own);
+    const run = own[own.length - 1];
+    if (run && run[0]!.attempt === f.attempt && run[run.length - 1]!.seq + 1 === f.seq) run.push(f);
+    else own.push([f]);
+  }
+  return [...runs.values()].flat().map((run) => ({
+    requestId: run[0]!.requestId,
+    attempt: run[0]!.attempt,
+    lastSeq: run[run.length - 1]!.seq,
+    frames: run.length === 1 ? run[0]!.frame : Buffer.concat(run.map((f) => f.frame)),
+    lengths: run.length === 1 ? null : `{${run.map((f) => f.frame.length).join(',')}}`,
+  }));
+}
+
 const STORE = prepared(
   'sarsen_store_frames',
   `WITH input AS (
-  SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::bytea[]) AS t(request_id, attempt, seq, frame)
+  SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::bytea[], $5::text[]) AS t(request_id, attempt, last_seq, frames, lengths)
 ), fenced AS (
-  -- Locked, so a recovery cannot slip in between this check and the insert.
-  SELECT i.* FROM input i
-    JOIN sarsen.requests q ON q.id = i.request_id AND q.attempts = i.attempt AND q.status = 'running'
-   WHERE q.id = ANY($1::text[])
-     FOR UPDATE OF q
+  -- The fence: frames are stored only while their attempt holds the request. The share lock
+  -- keeps a recovery (which takes the row for update) from slipping in before this commits.
+  SELECT q.id, q.namespace_id FROM sarsen.requests q
+    JOIN (SELECT DISTINCT request_id, attempt FROM input) AS i ON q.id = i.request_id AND q.attempts = i.attempt
+   WHERE q.id = ANY($1::text[]) AND q.status = 'running'
+     FOR SHARE OF q
 ), ins AS (
-  INSERT INTO sarsen.chunks (request_id, seq, attempt, frame)
-  SELECT request_id, seq, attempt, frame FROM fenced
-  RETURNING request_id, seq, octet_length(frame) AS bytes
+  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
+  SELECT i.request_id, i.last_seq, i.attempt, i.frames, i.lengths::int[] FROM input i JOIN fenced f ON f.id = i.request_id
+  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes
 ), per_request AS (
-  SELECT request_id, max(seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id
-), bumped AS (
-  UPDATE sarsen.requests q
-     SET chunk_bytes = q.chunk_bytes + p.bytes, seq_high = greatest(q.seq_high, p.seq)
-    FROM per_request p WHERE q.id = p.request_id AND q.id = ANY($1::text[])
-  RETURNING q.namespace_id, p.bytes
+  SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt
 ), stored AS (
-  ${addToRollup(['chunk_bytes'], `SELECT namespace_id, sum(bytes) AS chunk_bytes FROM bumped GROUP BY namespace_id`, '$5')}
+  ${addToRollup(['chunk_bytes'], `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id GROUP BY f.namespace_id`, '$6')}
   RETURNING 1
 ), notified AS (
-  ${notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, '$6')}
+  ${notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, '$7')}
 )
-SELECT p.request_id, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) FROM stored) AS side_effects
+SELECT p.request_id, p.attempt, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) FROM stored) AS side_effects
   FROM per_request p`,
 );
 
+export type Stored = Map<string, { attempt: number; seq: number }>;
+
 /**
  * Group commit of stream frames: stores the frames whose attempt still holds its request (the
- * fence), advances each request's byte count and sequence high-water mark, and announces the
- * newest sequence per request on the bus. Answers the newest stored sequence per request; a
- * request missing from the answer was fenced out.
+ * fence), adds their bytes to the namespace's storage, and announces the newest sequence per
+ * request on the bus. Answers, per request, the attempt whose frames were stored and its newest
+ * sequence; frames of any other attempt were fenced out. (A request's own byte count and
+ * sequence high-water mark are written with its terminal state, or by the recovery that
+ * discards its frames.)
  */
-export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Map<string, number>> {
-  const { rows } = await pool.query<{ request_id: string; seq: number }>(
-    STORE([frames.map((f) => f.requestId), frames.map((f) => f.attempt), frames.map((f) => f.seq), frames.map((f) => f.frame), WRITER_SHARD.frames, origin]),
+export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Stored> {
+  const rows = pack(frames);
+  const col = <T>(f: (p: Packed) => T) => rows.map(f);
+  const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(
+    STORE([col((p) => p.requestId), col((p) => p.attempt), col((p) => p.lastSeq), col((p) => p.frames), col((p) => p.lengths), WRITER_SHARD.frames, origin]),
   );
-  return new Map(rows.map((r) => [r.request_id, r.seq]));
+  return new Map(stored.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
+}
+
+type StoredRow = { last_seq: number; attempt: number; frames: Buffer; frame_lengths: number[] | null };
+
+/** The frames of a stored row, each with its sequence number. */
+function unpack(row: StoredRow): ChunkRow[] {
+  const lengths = row.frame_lengths ?? [row.frames.length];
+  const out: ChunkRow[] = [];
+  let at = 0;
+  let seq = row.last_seq - lengths.length + 1;
+  for (const length of lengths) {
+    out.push({ seq: seq++, attempt: row.attempt, frame: row.frames.subarray(at, at + length) });
+    at += length;
+  }
+  return out;
+}
+
+const READ = prepared(
+  'sarsen_read_frames',
+  `SELECT last_seq, attempt, frames, frame_lengths FROM sarsen.chunks WHERE request_id = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3`,
+);
+
+/**
+ * Stored frames after `afterSeq`, in order, from at most `rows` stored rows; `more` says the
+ * row limit was reached (there may be more).
+ */
+export async function readFrames(pool: Pool, requestId: string, afterSeq: number, rows: number): Promise<{ frames: ChunkRow[]; more: boolean }> {
+  const { rows: stored } = await pool.query<StoredRow>(READ([requestId, afterSeq, rows]));
+  return { frames: stored.flatMap(unpack).filter((f) => f.seq > afterSeq), more: stored.length === rows };
+}
+
+/** Whether frame `seq` of the request is still stored (frames of a discarded attempt are not). */
+export async function frameExists(pool: Pool, requestId: string, seq: number): Promise<boolean> {
+  const { rowCount } = await pool.query(
+    `SELECT 1 FROM (SELECT last_seq, frame_lengths FROM sarsen.chunks WHERE request_id = $1 AND last_seq >= $2 ORDER BY last_seq LIMIT 1) AS c
+      WHERE c.last_seq - coalesce(cardinality(c.frame_lengths), 1) < $2`,
+    [requestId, seq],
+  );
+  return rowCount === 1;
 }

@@ -47,10 +47,9 @@ export function insertBackstopJobsSql(rows: string): string {
     RETURNING key, id`;
 }
 
-/** SQL (a data-modifying CTE body) removing the backstop jobs whose ids `rows` yields (column `job_id`) unless a worker holds them. */
-export function removeBackstopJobsSql(rows: string): string {
-  return `DELETE FROM graphile_worker._private_jobs AS jobs USING (${rows}) AS r
-    WHERE jobs.id = r.job_id AND jobs.locked_at IS NULL RETURNING 1`;
+/** SQL (a data-modifying CTE body) removing the backstop jobs `ids` (a bigint[] expression) names, unless a worker holds them. */
+export function removeBackstopJobsSql(ids: string): string {
+  return `DELETE FROM graphile_worker._private_jobs AS jobs WHERE jobs.id = ANY(${ids}) AND jobs.locked_at IS NULL RETURNING 1`;
 }
 
 /** Registers the task with graphile-worker (as its worker pools do when they start), for backstop jobs. */

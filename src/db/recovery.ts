@@ -16,11 +16,49 @@ export async function holdLivenessLock(client: PoolClient | { query: PoolClient[
 export type Recovered = { id: string; attempt: number };
 
 /**
- * Re-dispatches running requests whose lease expired or whose owner is dead: back to pending,
- * `recoveries + 1`, the dead attempt's frames discarded (storage counters follow), a fresh job
- * under the request's job key (which also retires the dead worker's still-locked job), and a
- * `superseded` event for readers. Rows another sweeper holds are skipped, so any number of
- * executors may sweep at once.
+ * The re-dispatch of attempts whose rows this transaction has locked ($1 ids, $2 attempts):
+ * back to pending, `recoveries + 1`, the attempt's frames discarded (the storage counters
+ * follow; the sequence high-water mark keeps their numbers used), a fresh job under the
+ * request's job key (which also retires a dead worker's still-locked job), and a
+ * `superseded` event for readers. Run as its own statement after the lock was taken, so its
+ * snapshot sees every frame committed before then.
+ */
+const REQUEUE = `WITH victims AS (
+  SELECT * FROM unnest($1::text[], $2::int[]) AS v(id, attempt)
+), discarded AS (
+  DELETE FROM sarsen.chunks k USING victims v
+   WHERE k.request_id = v.id AND k.attempt = v.attempt
+  RETURNING k.request_id, k.last_seq, octet_length(k.frames) AS bytes
+), freed AS (
+  SELECT request_id, sum(bytes) AS bytes, max(last_seq) AS last_seq FROM discarded GROUP BY request_id
+), requeued AS (
+  UPDATE sarsen.requests q
+     SET status = 'pending', recoveries = q.recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
+         next_retry_at = NULL, seq_high = greatest(q.seq_high, coalesce(f.last_seq, 0))
+    FROM victims v LEFT JOIN freed f ON f.request_id = v.id
+   WHERE q.id = v.id AND q.id = ANY($1::text[]) AND q.attempts = v.attempt AND q.status = 'running'
+  RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes
+), unstored AS (
+  ${addToRollup(['chunk_bytes'], `SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0`, '$3')}
+  RETURNING 1
+), queued AS (
+  SELECT ${enqueueSql('id')} FROM requeued
+), notified AS (
+  ${notifyEvents(`SELECT id AS request_id, 'superseded' AS event, NULL AS arg FROM requeued`, '$4')}
+)
+SELECT id, attempt, (SELECT count(*) FROM unstored) + (SELECT count(*) FROM queued) + (SELECT count(*) FROM notified) AS side_effects
+  FROM requeued`;
+
+async function requeue(c: PoolClient, victims: readonly Recovered[], origin: string): Promise<Recovered[]> {
+  if (victims.length === 0) return [];
+  const { rows } = await c.query<Recovered>(REQUEUE, [victims.map((v) => v.id), victims.map((v) => v.attempt), shard(), origin]);
+  return rows;
+}
+
+/**
+ * Re-dispatches running requests whose lease expired or whose owner is dead (see REQUEUE).
+ * Rows another sweeper holds, or a chunk writer is storing frames for, are skipped this round,
+ * so any number of executors may sweep at once.
  */
 export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100): Promise<Recovered[]> {
   return withTransaction(pool, async (c) => {
@@ -35,44 +73,15 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
       `SELECT owner FROM unnest($1::text[]) AS owner WHERE pg_try_advisory_xact_lock(hashtextextended(owner, 0))`,
       [owners.rows.map((r) => r.owner)],
     );
-    const { rows } = await c.query<{ id: string; attempt: number }>(
-      `WITH victims AS (
-         SELECT id, attempts FROM sarsen.requests
-          WHERE status = 'running' AND (lease_expires_at < now() OR lease_owner = ANY($1::text[]))
-          ORDER BY lease_expires_at
-          LIMIT $2
-          FOR UPDATE SKIP LOCKED
-       ), discarded AS (
-         DELETE FROM sarsen.chunks k USING victims v
-          WHERE k.request_id = v.id AND k.attempt = v.attempts
-         RETURNING k.request_id, octet_length(k.frame) AS bytes
-       ), freed AS (
-         SELECT request_id, sum(bytes) AS bytes FROM discarded GROUP BY request_id
-       ), requeued AS (
-         UPDATE sarsen.requests q
-            SET status = 'pending', recoveries = q.recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
-                next_retry_at = NULL, chunk_bytes = q.chunk_bytes - coalesce(f.bytes, 0)
-           FROM victims v LEFT JOIN freed f ON f.request_id = v.id
-          WHERE q.id = v.id
-         RETURNING q.id, q.namespace_id, v.attempts AS attempt, coalesce(f.bytes, 0) AS bytes
-       ), unstored AS (
-         ${addToRollup(['chunk_bytes'], `SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0`, '$3')}
-         RETURNING 1
-       )
-       SELECT id, attempt, (SELECT count(*) FROM unstored) AS unstored FROM requeued`,
-      [dead.rows.map((r) => r.owner), limit, shard()],
+    const victims = await c.query<Recovered>(
+      `SELECT id, attempts AS attempt FROM sarsen.requests
+        WHERE status = 'running' AND (lease_expires_at < now() OR lease_owner = ANY($1::text[]))
+        ORDER BY lease_expires_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED`,
+      [dead.rows.map((r) => r.owner), limit],
     );
-    if (rows.length === 0) return [];
-    const ids = rows.map((r) => r.id);
-    await c.query(
-      `SELECT ${enqueueSql('id')} FROM unnest($1::text[]) AS id`,
-      [ids],
-    );
-    await c.query(`WITH n AS (${notifyEvents(`SELECT id AS request_id, 'superseded' AS event, NULL AS arg FROM unnest($1::text[]) AS id`, '$2')}) SELECT count(*) FROM n`, [
-      ids,
-      self,
-    ]);
-    return rows;
+    return requeue(c, victims.rows, self);
   });
 }
 
@@ -82,31 +91,11 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
  */
 export async function handBack(pool: Pool, id: string, attempt: number, origin: string): Promise<boolean> {
   return withTransaction(pool, async (c) => {
-    const { rowCount } = await c.query(
-      `WITH discarded AS (
-         DELETE FROM sarsen.chunks WHERE request_id = $1 AND attempt = $2
-           AND EXISTS (SELECT 1 FROM sarsen.requests WHERE id = $1 AND attempts = $2 AND status = 'running')
-         RETURNING octet_length(frame) AS bytes
-       ), requeued AS (
-         UPDATE sarsen.requests
-            SET status = 'pending', recoveries = recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
-                chunk_bytes = chunk_bytes - coalesce((SELECT sum(bytes) FROM discarded), 0)
-          WHERE id = $1 AND attempts = $2 AND status = 'running'
-         RETURNING namespace_id
-       ), unstored AS (
-         ${addToRollup(['chunk_bytes'], `SELECT namespace_id, -(SELECT coalesce(sum(bytes), 0) FROM discarded) AS chunk_bytes FROM requeued`, '$3')}
-         RETURNING 1
-       )
-       SELECT (SELECT count(*) FROM unstored) AS n FROM requeued`,
-      [id, attempt, shard()],
+    const held = await c.query<Recovered>(
+      `SELECT id, attempts AS attempt FROM sarsen.requests WHERE id = $1 AND attempts = $2 AND status = 'running' FOR UPDATE`,
+      [id, attempt],
     );
-    if (rowCount !== 1) return false;
-    await c.query(
-      `SELECT ${enqueueSql('$1::text')}`,
-      [id],
-    );
-    await c.query(`WITH n AS (${notifyEvents(`SELECT $1::text AS request_id, 'superseded' AS event, NULL AS arg`, '$2')}) SELECT count(*) FROM n`, [id, origin]);
-    return true;
+    return (await requeue(c, held.rows, origin)).length === 1;
   });
 }
 

@@ -1,6 +1,6 @@
-// A request as readers see it: the record by id, its stream's state and its stored frames.
-// Writers are elsewhere: submissions.ts (acceptance), attempts.ts (claims, leases, outcomes),
-// chunks.ts (frames), recovery.ts (re-dispatch).
+// A request as readers see it: the record by id and its stream's state.
+// Frames are read and written in chunks.ts. Writers are elsewhere: submissions.ts (acceptance),
+// attempts.ts (claims, leases, outcomes), recovery.ts (re-dispatch).
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
 
@@ -82,21 +82,4 @@ export async function readStreamState(pool: Pool, requestId: string): Promise<St
   );
   const r = rows[0];
   return r ? { status: r.status, streamFirstSeq: r.stream_first_seq, attempts: r.attempts, seqHigh: r.seq_high } : null;
-}
-
-const READ_FRAMES = prepared(
-  'sarsen_read_frames',
-  `SELECT seq, attempt, frame FROM sarsen.chunks WHERE request_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
-);
-
-/** Stored frames after `afterSeq`, in order, at most `limit`. */
-export async function readFrames(pool: Pool, requestId: string, afterSeq: number, limit: number): Promise<ChunkRow[]> {
-  const { rows } = await pool.query<ChunkRow>(READ_FRAMES([requestId, afterSeq, limit]));
-  return rows;
-}
-
-/** Whether frame `seq` of the request is still stored (frames of a discarded attempt are not). */
-export async function frameExists(pool: Pool, requestId: string, seq: number): Promise<boolean> {
-  const { rowCount } = await pool.query(`SELECT 1 FROM sarsen.chunks WHERE request_id = $1 AND seq = $2`, [requestId, seq]);
-  return rowCount === 1;
 }

@@ -70,10 +70,12 @@ const SUBMIT = prepared(
   SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
     FROM input i
     LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
-    LEFT JOIN LATERAL (
-      SELECT k.request_id FROM sarsen.idempotency_claims k
-       WHERE c.request_id IS NULL AND k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()
-    ) AS l ON true
+    -- A key lookup per submission (a subquery in the select list is never turned into a join).
+    CROSS JOIN LATERAL (
+      SELECT CASE WHEN c.request_id IS NULL THEN (
+        SELECT k.request_id FROM sarsen.idempotency_claims k
+         WHERE k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()) END AS request_id
+    ) AS l
 ), created AS (
   SELECT * FROM placed WHERE ${NEW} AND NOT repeated
 ), request AS (

@@ -26,12 +26,14 @@ const MAX_UNCOMMITTED = 1024;
 export type ExecutorDeps = BaseDeps & { upstream: Upstream; chunks: ChunkWriter };
 
 type Traffic = { sentBytes: number; receivedBytes: number };
+/** What a streamed attempt stored: its frames' bytes and the sequence number of its last frame. */
+export type StoredFrames = { bytes: number; lastSeq: number };
 
 /** How an attempt ended; settle.ts writes it. */
 export type Outcome =
-  | ({ kind: 'succeeded'; answer: Answer; tokens: Tokens } & Traffic)
+  | ({ kind: 'succeeded'; answer: Answer; tokens: Tokens; frames: StoredFrames | null } & Traffic)
   /** Terminal: a refusal the provider answered with, or a transport failure past the last attempt. */
-  | ({ kind: 'failed'; answer: Answer } & Traffic)
+  | ({ kind: 'failed'; answer: Answer; frames: StoredFrames | null } & Traffic)
   | ({ kind: 'retry'; delayMs: number } & Traffic)
   /** Another attempt holds the request now: nothing of this one may be written. */
   | { kind: 'lease_lost' }
@@ -100,7 +102,7 @@ function transportFailure(a: Attempt, settings: Settings, traffic: Traffic, err:
   if (!err.refused && a.attempt < settings.max_attempts) {
     return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs: null }), ...traffic };
   }
-  return { kind: 'failed', answer: transportAnswer(err), ...traffic };
+  return { kind: 'failed', answer: transportAnswer(err), frames: null, ...traffic };
 }
 
 /**
@@ -149,7 +151,7 @@ export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Setti
   const traffic = { sentBytes, receivedBytes: body.length };
   if (success) {
     const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType, body, errorStatus: null, retryAfter: null };
-    return { kind: 'succeeded', answer, tokens: tokensFromAnswer(a.dialect, body), ...traffic };
+    return { kind: 'succeeded', answer, tokens: tokensFromAnswer(a.dialect, body), frames: null, ...traffic };
   }
   const retryAfter = header(res, 'retry-after');
   if (isRetryableStatus(res.status) && a.attempt < settings.max_attempts) {
@@ -157,7 +159,7 @@ export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Setti
     return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs }), ...traffic };
   }
   const answer: Answer = { status: 'failed', httpStatus: res.status, contentType: 'application/json', body, errorStatus: res.status, retryAfter };
-  return { kind: 'failed', answer, ...traffic };
+  return { kind: 'failed', answer, frames: null, ...traffic };
 }
 
 /**
@@ -170,6 +172,7 @@ async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, sig
   const tokens = createStreamTokenReader(a.dialect);
   let seq = a.firstSeq - 1;
   let received = 0;
+  let storedBytes = 0; // of frames handed to the writer: all of them are committed before the outcome
   // Reading never waits for a commit: bytes left in the body's buffer while a flush is in
   // flight are discarded when the connection then fails (a destroyed stream drops its buffer),
   // so frames the provider did send would be lost. The outcome is answered only once every
@@ -199,6 +202,7 @@ async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, sig
     for (const frame of frames) {
       tokens.push(frame);
       uncommitted++;
+      storedBytes += frame.length;
       deps.chunks.write({ requestId: a.id, attempt: a.attempt, seq: ++seq, frame }).then(
         (stored) => {
           if (!stored) failStore(new LeaseLost('the lease was lost while streaming'));
@@ -230,8 +234,8 @@ async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, sig
     const traffic = { sentBytes, receivedBytes: received };
     if (seq < a.firstSeq) return transportFailure(a, settings, traffic, failure);
     logger.warn('stream failed after its first frame', { request_id: a.id, attempt: a.attempt, reason: failure.message });
-    return { kind: 'failed', answer: transportAnswer(failure), ...traffic };
+    return { kind: 'failed', answer: transportAnswer(failure), frames: { bytes: storedBytes, lastSeq: seq }, ...traffic };
   }
   const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType: header(res, 'content-type'), body: Buffer.alloc(0), errorStatus: null, retryAfter: null };
-  return { kind: 'succeeded', answer, tokens: tokens.result(), sentBytes, receivedBytes: received };
+  return { kind: 'succeeded', answer, tokens: tokens.result(), frames: { bytes: storedBytes, lastSeq: seq }, sentBytes, receivedBytes: received };
 }

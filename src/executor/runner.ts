@@ -4,7 +4,7 @@
 // statement per heartbeat (a lease found taken aborts that attempt's provider call), writes
 // each outcome, and at shutdown hands back what cannot finish within the grace.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { isConnectionLoss, retryOnConnectionLoss } from '../db/pool.ts';
+import { createBatchPool, isConnectionLoss, retryOnConnectionLoss } from '../db/pool.ts';
 import { claimAttempts, renewLeases, type Attempt } from '../db/attempts.ts';
 import { createBatcher } from '../core/batcher.ts';
 import { runAttempt, LeaseLost, HandBack, StoreFailed, type ExecutorDeps, type Outcome } from './execute.ts';
@@ -44,14 +44,16 @@ function interrupted(err: unknown, signal: AbortSignal): Outcome {
 
 export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurrency: number }): Runner {
   const { owner, concurrency } = opts;
-  const settle = createSettle(deps);
+  const { settle, close: closeSettle } = createSettle(deps);
+  // Claims and lease renewals: batch statements on a connection of their own.
+  const writer = createBatchPool(deps.conn, 'sarsen-claims');
   const active = new Set<Running>();
   let reserved = 0;
   let stopping = false;
 
   const claims = createBatcher<string, Attempt | null>(
     async (ids) => {
-      const claimed = await retryOnConnectionLoss(() => claimAttempts(deps.pool, ids, owner, deps.settings.current().lease_ms));
+      const claimed = await retryOnConnectionLoss(() => claimAttempts(writer, ids, owner, deps.settings.current().lease_ms));
       // Two jobs naming one request (a re-dispatch beside a stranded job): only one runs it.
       return ids.map((id) => {
         const a = claimed.get(id) ?? null;
@@ -92,7 +94,7 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
     const due = [...active].filter((r) => now - r.renewedAt >= heartbeatMs);
     if (due.length === 0) return;
     try {
-      const still = await renewLeases(deps.pool, due.map((r) => ({ id: r.a.id, attempt: r.a.attempt, jobId: r.a.jobId })), leaseMs);
+      const still = await renewLeases(writer, due.map((r) => ({ id: r.a.id, attempt: r.a.attempt, jobId: r.a.jobId })), leaseMs);
       for (const r of due) {
         if (still.has(r.a.id)) r.renewedAt = now;
         else r.controller.abort(new LeaseLost('the lease was lost'));
@@ -133,6 +135,7 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
       while (active.size > 0 && Date.now() < handBackDeadline) await sleep(10);
       if (ticker) clearTimeout(ticker);
       ticker = null;
+      await Promise.all([closeSettle(), writer.end()]);
     },
   };
 }

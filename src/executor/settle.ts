@@ -4,7 +4,7 @@
 // the answer itself in memory (others hear the statement's NOTIFY). Retries and hand-backs
 // are rare and written one by one.
 import type { BaseDeps } from '../deps.ts';
-import { retryOnConnectionLoss } from '../db/pool.ts';
+import { createBatchPool, retryOnConnectionLoss } from '../db/pool.ts';
 import { settleBatch, scheduleRetry, type Attempt, type Terminal } from '../db/attempts.ts';
 import { handBack } from '../db/recovery.ts';
 import { createBatcher } from '../core/batcher.ts';
@@ -13,26 +13,27 @@ import { logger } from '../log.ts';
 
 const MAX_BATCH = 500;
 
-export type Settle = (a: Attempt, outcome: Outcome) => Promise<void>;
+export type Settle = { settle(a: Attempt, outcome: Outcome): Promise<void>; close(): Promise<void> };
 
 export function createSettle(deps: BaseDeps): Settle {
+  const writer = createBatchPool(deps.conn, 'sarsen-terminals');
   const terminals = createBatcher<Terminal, boolean>(
     async (batch) => {
       const metering = deps.settings.current().metering_enabled;
-      const written = await retryOnConnectionLoss(() => settleBatch(deps.pool, batch, { metering, origin: deps.processId }));
+      const written = await retryOnConnectionLoss(() => settleBatch(writer, batch, { metering, origin: deps.processId }));
       return batch.map((t) => written.has(t.id));
     },
     { maxBatch: MAX_BATCH },
   );
 
-  return async (a, outcome) => {
+  const settle = async (a: Attempt, outcome: Outcome): Promise<void> => {
     const log = { request_id: a.id, attempt: a.attempt };
     switch (outcome.kind) {
       case 'succeeded':
       case 'failed': {
         const tokens = outcome.kind === 'succeeded' ? outcome.tokens : { prompt: null, completion: null, total: null };
-        const { answer, sentBytes, receivedBytes } = outcome;
-        const written = await terminals.add({ id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, sentBytes, receivedBytes });
+        const { answer, sentBytes, receivedBytes, frames } = outcome;
+        const written = await terminals.add({ id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, frames, sentBytes, receivedBytes });
         if (written) deps.bus.publishRequest({ type: 'state', requestId: a.id, status: answer.status, answer });
         else logger.warn('answer discarded: lease lost before it was stored', log);
         return;
@@ -56,4 +57,5 @@ export function createSettle(deps: BaseDeps): Settle {
         logger.warn('attempt abandoned: lease lost', log);
     }
   };
+  return { settle, close: () => writer.end() };
 }

@@ -21,7 +21,8 @@ export type Executor = { runner: Runner; stop(graceMs: number): Promise<void> };
 /** `concurrency` bounds the attempts this process runs at once, however they came. */
 export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts: { concurrency: number }): Promise<Executor> {
   const upstream = createUpstream();
-  const executorDeps = { ...deps, upstream, chunks: createChunkWriter(deps.pool, deps.bus, deps.processId) };
+  const chunks = createChunkWriter(conn, deps.bus, deps.processId);
+  const executorDeps = { ...deps, upstream, chunks };
   const runner = createRunner(executorDeps, { owner: deps.processId, concurrency: opts.concurrency });
   // graphile-worker's own pool. It opens only what it uses (its LISTEN client, one job fetch and
   // one completion batch at a time: task code uses the main pool); the bound matches the
@@ -40,7 +41,7 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
     });
   } catch (err) {
     await runner.stop(0);
-    await Promise.all([upstream.close(), workerPool.end()]);
+    await Promise.all([upstream.close(), chunks.close(), workerPool.end()]);
     throw err;
   }
   const sweeper = startSweeper(deps, deps.processId);
@@ -56,7 +57,7 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
         const stopped = worker.stop();
         await runner.stop(graceMs);
         await stopped;
-        await Promise.all([upstream.close(), workerPool.end()]);
+        await Promise.all([upstream.close(), chunks.close(), workerPool.end()]);
       })()),
   };
 }

@@ -115,7 +115,8 @@ describe('surviving worker death', function () {
 
     // The dead attempt's frames are gone and the byte count matches what is stored.
     const stored = await d.pool.query(
-      `SELECT count(*)::int AS frames, coalesce(sum(octet_length(frame)), 0)::int AS bytes, min(attempt) AS attempt
+      `SELECT coalesce(sum(coalesce(cardinality(frame_lengths), 1)), 0)::int AS frames, coalesce(sum(octet_length(frames)), 0)::int AS bytes,
+              min(attempt) AS attempt
          FROM sarsen.chunks WHERE request_id = $1`,
       [id],
     );

@@ -9,7 +9,7 @@ import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until } from '../support/http.ts';
-import { postStream, replayStream, openStream, withIds, bytesOf, query, requestIdByMarker } from './streaming-support.ts';
+import { postStream, replayStream, openStream, withIds, bytesOf, query, requestIdByMarker, STORED_SEQ } from './streaming-support.ts';
 import { replay } from '../../src/http/service/streams.ts';
 import { readRecord } from '../../src/db/requests.ts';
 import { createKeyring } from '../../src/core/sealing.ts';
@@ -35,7 +35,7 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
   beforeEach(() => provider.reset());
 
   const seqHigh = async (id: string) =>
-    (await query<{ seq_high: number; status: string }>(server.db, `SELECT seq_high, status FROM sarsen.requests WHERE id = $1`, [id]))[0]!;
+    (await query<{ stored_seq: number; status: string }>(server.db, `SELECT ${STORED_SEQ}, status FROM sarsen.requests WHERE id = $1`, [id]))[0]!;
   const idOf = (m: string) => until(async () => requestIdByMarker(server.db, m).catch(() => undefined));
 
   it('an identical streaming body while running replays the stored frames, then live-tails; after success it replays them; one provider call', async () => {
@@ -45,7 +45,7 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
     const body = { model: 'gpt-test', stream: true, messages: [{ role: 'user', content: m }] };
     const first = postStream(t, '/chat/completions', body);
     const id = await idOf(m);
-    await until(async () => ((await seqHigh(id)).seq_high >= 10 ? true : undefined));
+    await until(async () => ((await seqHigh(id)).stored_seq >= 10 ? true : undefined));
     // The same body with its keys in another order and other whitespace: the same request.
     const reordered = JSON.stringify({ messages: body.messages, stream: true, model: 'gpt-test' }, null, 1);
     const opened = performance.now();
@@ -97,9 +97,9 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
     });
     const id = json(res).request_id as string;
     const readers = [replayStream(t, id)];
-    await until(async () => ((await seqHigh(id)).seq_high >= 10 ? true : undefined));
+    await until(async () => ((await seqHigh(id)).stored_seq >= 10 ? true : undefined));
     readers.push(replayStream(t, id));
-    await until(async () => ((await seqHigh(id)).seq_high >= 25 ? true : undefined));
+    await until(async () => ((await seqHigh(id)).stored_seq >= 25 ? true : undefined));
     readers.push(replayStream(t, id));
     const done = await Promise.all(readers.map((r) => r.done));
     for (const [i, d] of done.entries()) {
@@ -114,6 +114,7 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
     // The route's interval is 15 s; `replay` itself is mounted here with a short one.
     const deps: BaseDeps = Object.freeze({
       processId: 'wrk_replay_test',
+      conn: server.db.conn,
       pool: server.pool,
       bus: server.bus,
       settings: server.settings,

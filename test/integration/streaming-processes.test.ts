@@ -6,7 +6,7 @@ import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fak
 import { provision, type Tenant } from '../support/tenant.ts';
 import { startDeployment, type Deployment, type SarsenProcess } from '../support/processes.ts';
 import { until } from '../support/http.ts';
-import { postStream, replayStream, withIds, bytesOf, type StreamReader } from './streaming-support.ts';
+import { postStream, replayStream, withIds, bytesOf, STORED_SEQ, type StreamReader } from './streaming-support.ts';
 
 const FRAME_GAP_MS = 40;
 
@@ -62,7 +62,7 @@ describe('streaming across processes (role api + role executor)', function () {
     const { rows } = await d.pool.query(`SELECT id, status, lease_owner FROM sarsen.requests ORDER BY id DESC LIMIT 1`);
     const id = rows[0].id as string;
     expect(rows[0].lease_owner).to.equal(executor.owner);
-    await until(async () => ((await d.pool.query(`SELECT seq_high FROM sarsen.requests WHERE id = $1`, [id])).rows[0].seq_high >= 5 ? true : undefined));
+    await until(async () => ((await d.pool.query(`SELECT ${STORED_SEQ}`, [id])).rows[0].stored_seq >= 5 ? true : undefined));
     const replayer = replayStream(t, id);
 
     const [liveDone, replayDone] = await Promise.all([live.done, replayer.done]);

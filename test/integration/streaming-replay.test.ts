@@ -6,7 +6,7 @@ import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until } from '../support/http.ts';
-import { replayStream, stripIds, withIds, bytesOf, failedEventData, query } from './streaming-support.ts';
+import { replayStream, stripIds, withIds, bytesOf, failedEventData, query, STORED_SEQ } from './streaming-support.ts';
 
 describe('streaming: replay by id', function () {
   this.timeout(90_000);
@@ -37,7 +37,7 @@ describe('streaming: replay by id', function () {
     return json(res).request_id as string;
   };
   const state = async (id: string) =>
-    (await query<{ status: string; attempts: number; seq_high: number }>(server.db, `SELECT status, attempts, seq_high FROM sarsen.requests WHERE id = $1`, [id]))[0]!;
+    (await query<{ status: string; attempts: number; stored_seq: number }>(server.db, `SELECT status, attempts, ${STORED_SEQ} FROM sarsen.requests WHERE id = $1`, [id]))[0]!;
   const settled = (id: string) =>
     until(async () => {
       const r = json(await rawRequest(`${t.base}/requests/${id}`, { headers: { 'x-sarsen-key': t.key } }));
@@ -104,7 +104,7 @@ describe('streaming: replay by id', function () {
     const frames = chatFrames(Array.from({ length: 30 }, (_, i) => `p${i} `));
     provider.enqueue({ kind: 'sse', frames, frameDelayMs: 30 });
     const id = await submit();
-    await until(async () => ((await state(id)).seq_high >= 10 ? true : undefined));
+    await until(async () => ((await state(id)).stored_seq >= 10 ? true : undefined));
     const opened = performance.now();
     const reader = replayStream(t, id);
     await reader.waitFor((s) => (s.match(/^id: /gm)?.length ?? 0) >= 10);

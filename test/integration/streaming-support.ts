@@ -132,6 +132,9 @@ export async function query<T = Record<string, unknown>>(db: TestDatabase, sql: 
   }
 }
 
+/** SQL of the newest stored frame's sequence number of request $1 (0 before any), named `stored_seq`. */
+export const STORED_SEQ = `(SELECT coalesce(max(last_seq), 0) FROM sarsen.chunks WHERE request_id = $1) AS stored_seq`;
+
 /** The id of the request whose stored body contains `marker` (synchronous routes do not return ids). */
 export async function requestIdByMarker(db: TestDatabase, marker: string): Promise<string> {
   const rows = await query<{ id: string }>(

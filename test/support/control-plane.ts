@@ -117,13 +117,14 @@ export async function otherProcess(server: TestServer, opts: { credentialPassthr
   const settings = await createSettingsCache(pool, bus);
   const deps: Deps = Object.freeze({
     processId,
+    conn: server.db.conn,
     pool,
     bus,
     settings,
     secrets: server.secrets,
     serve: { role: 'api' as const, credentialPassthrough: opts.credentialPassthrough ?? false, port: 0, host: '127.0.0.1', executorConcurrency: 1 },
     keyring: createKeyring([{ version: 1, secret: server.secrets.credentialKey }]),
-    submitter: createSubmitter(pool, settings, null),
+    submitter: createSubmitter(server.db.conn, pool, settings, null),
   });
   return {
     deps,
@@ -131,6 +132,7 @@ export async function otherProcess(server: TestServer, opts: { credentialPassthr
     async close() {
       await closeServiceAuth(deps);
       closeRouting(deps);
+      await deps.submitter.close();
       settings.close();
       await bus.close();
       releaseBus();

@@ -64,14 +64,22 @@ async function containerServer(): Promise<DbServer> {
   return { admin, kind: 'testcontainers', stop: async () => void (await container.stop()) };
 }
 
+// Tests run embedded PostgreSQL without fsync; benchmarks ask for a durable one (see useDurableDatabase).
+let durable = false;
+
+/** Makes an embedded server started from here on durable (fsync, synchronous_commit, full_page_writes on). */
+export function useDurableDatabase(): void {
+  durable = true;
+}
+
 async function embeddedServer(): Promise<DbServer> {
   const base = fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-test-'));
   const dir = path.join(base, 'pg');
   const password = crypto.randomBytes(16).toString('hex');
-  const server = await startEmbedded({ dir, password, fast: true });
+  const server = await startEmbedded({ dir, password, fast: !durable });
   return {
     admin: server.conn,
-    kind: 'embedded',
+    kind: durable ? 'embedded (durable)' : 'embedded',
     stop: async () => {
       await server.stop();
       fs.rmSync(base, { recursive: true, force: true });

@@ -3,8 +3,7 @@
 // costs a share of one commit. A process that also executes (role both) claims what it accepts
 // in that same statement, while it has a free slot, and starts the provider call as soon as
 // the batch commits; the rest wait as jobs for any executor.
-import type { Pool } from '../../db/pool.ts';
-import { retryOnConnectionLoss } from '../../db/pool.ts';
+import { createBatchPool, retryOnConnectionLoss, type ConnectionConfig, type Pool } from '../../db/pool.ts';
 import type { Settings, SettingsCache } from '../../config/settings.ts';
 import { submitBatch, submitMetered, type NewRequest, type Submitted, type SubmitSettings } from '../../db/submissions.ts';
 import type { Attempt } from '../../db/attempts.ts';
@@ -24,7 +23,7 @@ export type LocalRunner = {
 
 export type Submission = Omit<NewRequest, 'owner'> & { backend: BackendForCall };
 
-export type Submitter = { submit(s: Submission): Promise<Submitted> };
+export type Submitter = { submit(s: Submission): Promise<Submitted>; close(): Promise<void> };
 
 const submitSettings = (s: Settings): SubmitSettings => ({ windowMs: s.idempotency_window_ms, feeMicros: s.request_fee_micros, leaseMs: s.lease_ms });
 
@@ -46,9 +45,11 @@ function claimedAttempt(s: Submission, submitted: Submitted): Attempt {
   };
 }
 
-export function createSubmitter(pool: Pool, settings: SettingsCache, runner: LocalRunner | null): Submitter {
+/** `pool` serves metered submissions (each its own transaction); batches have a connection of their own. */
+export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: SettingsCache, runner: LocalRunner | null): Submitter {
+  const writer = createBatchPool(conn, 'sarsen-submissions');
   const batches = createBatcher<NewRequest, Submitted | null>(
-    (batch) => retryOnConnectionLoss(() => submitBatch(pool, batch, submitSettings(settings.current()))),
+    (batch) => retryOnConnectionLoss(() => submitBatch(writer, batch, submitSettings(settings.current()))),
     { maxBatch: MAX_BATCH },
   );
   // A repeat after a lost connection finds what the first try committed (see submitBatch).
@@ -75,5 +76,6 @@ export function createSubmitter(pool: Pool, settings: SettingsCache, runner: Loc
         if (owner !== null && !started) runner!.release();
       }
     },
+    close: () => writer.end(),
   };
 }

@@ -8,16 +8,8 @@
 // flush committed, so every id a reader saw can be read again.
 import type { BaseDeps } from '../../deps.ts';
 import type { RequestEvent } from '../../db/events.ts';
-import {
-  readFrames,
-  readRecord,
-  readStreamState,
-  frameExists,
-  answerOf,
-  isTerminal,
-  type Answer,
-  type ChunkRow,
-} from '../../db/requests.ts';
+import { readRecord, readStreamState, answerOf, isTerminal, type Answer, type ChunkRow } from '../../db/requests.ts';
+import { readFrames, frameExists } from '../../db/chunks.ts';
 
 export type WatchEvent =
   | { type: 'frame'; seq: number; frame: Buffer }
@@ -39,7 +31,8 @@ export type WatchOptions = {
   fresh?: boolean;
 };
 
-const PAGE = 500;
+// Stored rows per read (each holds the frames of one flush).
+const PAGE = 100;
 const BACKSTOP_POLL_MS = 2_000;
 // Frames held in memory for a reader that is behind; past this it reads the table instead.
 const MAX_INBOX = 256;
@@ -92,12 +85,12 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
     if (run) return run;
     if (!readTable && announced <= after) return [];
     const before = announced;
-    const rows = await readFrames(deps.pool, r.id, after, PAGE);
-    readTable = rows.length === PAGE; // a full page: there may be more
+    const { frames, more } = await readFrames(deps.pool, r.id, after, PAGE);
+    readTable = more; // a full page: there may be more
     // Otherwise the table has all there is: what was announced and is missing was discarded
     // (its attempt was superseded, which the state read tells).
-    if (!readTable && announced === before) announced = Math.min(announced, rows.at(-1)?.seq ?? after);
-    return rows;
+    if (!readTable && announced === before) announced = Math.min(announced, frames.at(-1)?.seq ?? after);
+    return frames;
   };
   // Waits for a poke or, at most, until the next idle tick or backstop poll (which re-reads the state).
   const sleep = (untilIdleMs: number) =>
