@@ -75,18 +75,18 @@ export function createBus(conn: ConnectionConfig, opts: { origin: string; onConn
     const c = createClient(conn, 'sarsen-bus');
     c.on('notification', (n) => {
       if (n.channel !== CHANNEL || !n.payload) return;
+      const events = decodeRequestEvents(n.payload, opts.origin);
+      if (events !== null) {
+        for (const ev of events) requests.deliver(ev.requestId, ev);
+        return;
+      }
       let msg: BusMessage;
       try {
         msg = JSON.parse(n.payload) as BusMessage;
       } catch {
         return;
       }
-      const decoded = decodeRequestEvents(msg);
-      if (decoded === null) {
-        if (typeof msg.k === 'string') control.deliver(msg.k, msg);
-      } else if (decoded.origin !== opts.origin) {
-        for (const ev of decoded.events) requests.deliver(ev.requestId, ev);
-      }
+      if (typeof msg.k === 'string') control.deliver(msg.k, msg);
     });
     const lost = () => {
       if (client !== c) return;

@@ -111,11 +111,13 @@ function mergeCounts<K extends string>(into: Record<K, number | null>, from: Rec
 
 // The frame's data as a JSON object, or null ([DONE], pings, comments, garbage).
 function frameObject(frame: Buffer): Record<string, unknown> | null {
-  const { data } = frameEvent(frame);
-  // Cheap pre-check: most frames are content deltas with no usage in them.
-  if (!data.includes('usage')) return null;
-  return parseObject(data);
+  // Cheap pre-check on the bytes: most frames are content deltas with no usage in them, and
+  // need not be decoded at all.
+  if (!frame.includes(USAGE)) return null;
+  return parseObject(frameEvent(frame).data);
 }
+
+const USAGE = Buffer.from('usage');
 
 function parseObject(text: string): Record<string, unknown> | null {
   try {

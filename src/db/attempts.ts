@@ -10,6 +10,7 @@ import type { BackendForCall } from './backends.ts';
 import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
+import { binaryColumn, binarySlice } from './columns.ts';
 
 export type Attempt = Readonly<{
   id: string;
@@ -142,10 +143,11 @@ export type Terminal = Readonly<
 const SETTLE = prepared(
   'sarsen_settle_batch',
   `WITH input AS (
-  SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $6::bytea[], $7::int[], $8::text[],
-                       $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $18::bigint[], $19::int[])
-    AS t(id, attempt, outcome, http_status, content_type, body, error_status, retry_after,
-         prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq)
+  SELECT t.*, ${binarySlice('$6::bytea', 't.body_size', 't.ord')} AS body
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $20::int[], $7::int[], $8::text[],
+                $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $18::bigint[], $19::int[])
+      WITH ORDINALITY AS t(id, attempt, outcome, http_status, content_type, body_size, error_status, retry_after,
+                           prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq, ord)
 ), cost AS (
   -- Token cost at the model's price (micro-credits per million tokens, rounded up); no price, no charge.
   -- A key lookup per answer (a subquery in the select list is never turned into a join).
@@ -224,13 +226,14 @@ SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS s
  */
 export async function settleBatch(pool: Pool, ts: readonly Terminal[], opts: { metering: boolean; origin: string }): Promise<Set<string>> {
   const col = <T>(f: (t: Terminal) => T) => ts.map(f);
+  const bodies = binaryColumn(col((t) => t.answer.body));
   const { rows } = await pool.query<{ id: string }>(
     SETTLE([
       col((t) => t.id), col((t) => t.attempt), col((t) => t.answer.status), col((t) => t.answer.httpStatus),
-      col((t) => t.answer.contentType), col((t) => t.answer.body), col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
+      col((t) => t.answer.contentType), bodies.data, col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
       col((t) => t.tokens.prompt), col((t) => t.tokens.completion), col((t) => t.tokens.total), col((t) => t.sentBytes),
       col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, WRITER_SHARD.terminals, opts.origin,
-      col((t) => t.frames?.bytes ?? 0), col((t) => t.frames?.lastSeq ?? 0),
+      col((t) => t.frames?.bytes ?? 0), col((t) => t.frames?.lastSeq ?? 0), bodies.sizes,
     ]),
   );
   return new Set(rows.map((r) => r.id));

@@ -6,34 +6,32 @@ import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
 import { addToRollup, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
+import { binaryColumn, binarySlice } from './columns.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
 
-type Packed = { requestId: string; attempt: number; lastSeq: number; frames: Buffer; lengths: string | null };
+type Packed = { requestId: string; attempt: number; lastSeq: number; frames: Buffer[] };
 
 /** Consecutive frames of one attempt become one row (in the order given, which is each stream's own). */
 function pack(frames: readonly FrameRow[]): Packed[] {
-  const runs = new Map<string, FrameRow[][]>();
+  const runs = new Map<string, Packed[]>();
   for (const f of frames) {
-    const own = runs.get(f.requestId) ?? [];
-    if (own.length === 0) runs.set(f.requestId, own);
+    let own = runs.get(f.requestId);
+    if (!own) runs.set(f.requestId, (own = []));
     const run = own[own.length - 1];
-    if (run && run[0]!.attempt === f.attempt && run[run.length - 1]!.seq + 1 === f.seq) run.push(f);
-    else own.push([f]);
+    if (run && run.attempt === f.attempt && run.lastSeq + 1 === f.seq) {
+      run.frames.push(f.frame);
+      run.lastSeq = f.seq;
+    } else own.push({ requestId: f.requestId, attempt: f.attempt, lastSeq: f.seq, frames: [f.frame] });
   }
-  return [...runs.values()].flat().map((run) => ({
-    requestId: run[0]!.requestId,
-    attempt: run[0]!.attempt,
-    lastSeq: run[run.length - 1]!.seq,
-    frames: run.length === 1 ? run[0]!.frame : Buffer.concat(run.map((f) => f.frame)),
-    lengths: run.length === 1 ? null : `{${run.map((f) => f.frame.length).join(',')}}`,
-  }));
+  return [...runs.values()].flat();
 }
 
 const STORE = prepared(
   'sarsen_store_frames',
   `WITH input AS (
-  SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::bytea[], $5::text[]) AS t(request_id, attempt, last_seq, frames, lengths)
+  SELECT t.request_id, t.attempt, t.last_seq, t.lengths, ${binarySlice('$4::bytea', 't.size', 't.ord')} AS frames
+    FROM unnest($1::text[], $2::int[], $3::int[], $5::int[], $6::text[]) WITH ORDINALITY AS t(request_id, attempt, last_seq, size, lengths, ord)
 ), fenced AS (
   -- The fence: frames are stored only while their attempt holds the request. The share lock
   -- keeps a recovery (which takes the row for update) from slipping in before this commits.
@@ -48,10 +46,10 @@ const STORE = prepared(
 ), per_request AS (
   SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt
 ), stored AS (
-  ${addToRollup(['chunk_bytes'], `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id GROUP BY f.namespace_id`, '$6')}
+  ${addToRollup(['chunk_bytes'], `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id GROUP BY f.namespace_id`, '$7')}
   RETURNING 1
 ), notified AS (
-  ${notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, '$7')}
+  ${notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, '$8')}
 )
 SELECT p.request_id, p.attempt, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) FROM stored) AS side_effects
   FROM per_request p`,
@@ -70,8 +68,10 @@ export type Stored = Map<string, { attempt: number; seq: number }>;
 export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Stored> {
   const rows = pack(frames);
   const col = <T>(f: (p: Packed) => T) => rows.map(f);
+  const bytes = binaryColumn(col((p) => (p.frames.length === 1 ? p.frames[0]! : Buffer.concat(p.frames))));
+  const lengths = col((p) => (p.frames.length === 1 ? null : `{${p.frames.map((f) => f.length).join(',')}}`));
   const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(
-    STORE([col((p) => p.requestId), col((p) => p.attempt), col((p) => p.lastSeq), col((p) => p.frames), col((p) => p.lengths), WRITER_SHARD.frames, origin]),
+    STORE([col((p) => p.requestId), col((p) => p.attempt), col((p) => p.lastSeq), bytes.data, bytes.sizes, lengths, WRITER_SHARD.frames, origin]),
   );
   return new Map(stored.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
 }

@@ -16,7 +16,9 @@ export type RequestEvent =
   /** The attempt readers were following was discarded (its worker died or handed it back). */
   | { type: 'superseded'; requestId: string };
 
-// Wire codes: [request id, code, argument].
+// Wire format: `R <origin> [[request id, code, argument], ...]`. Control messages on the
+// same channel are JSON objects, so the first byte tells them apart, and a process can drop
+// its own echo by the prefix alone, without parsing it.
 const CODE = { frames: 'f', state: 's', superseded: 'x' } as const;
 // Request ids are ~30 characters: 100 events keep a payload well under NOTIFY's 8000 bytes.
 const PER_PAYLOAD = 100;
@@ -28,7 +30,7 @@ const PER_PAYLOAD = 100;
  */
 export function notifyEvents(rows: string, origin: string): string {
   const code = `CASE ev.event WHEN 'frames' THEN '${CODE.frames}' WHEN 'state' THEN '${CODE.state}' ELSE '${CODE.superseded}' END`;
-  return `SELECT pg_notify('${CHANNEL}', json_build_object('k', 'req', 'o', ${origin}::text, 'e', json_agg(json_build_array(request_id, code, arg)))::text)
+  return `SELECT pg_notify('${CHANNEL}', 'R ' || ${origin}::text || ' ' || json_agg(json_build_array(request_id, code, arg))::text)
     FROM (SELECT ev.request_id, ${code} AS code, ev.arg::text AS arg, (row_number() OVER ()) / ${PER_PAYLOAD} AS grp
             FROM (${rows}) AS ev) AS g
    GROUP BY grp`;
@@ -36,11 +38,23 @@ export function notifyEvents(rows: string, origin: string): string {
 
 const STATUSES: readonly string[] = ['pending', 'running', 'succeeded', 'failed'];
 
-/** The request events of a NOTIFY payload (already JSON-parsed), or null when it carries none. */
-export function decodeRequestEvents(msg: { k?: unknown; o?: unknown; e?: unknown }): { origin: string | null; events: RequestEvent[] } | null {
-  if (msg.k !== 'req' || !Array.isArray(msg.e)) return null;
+/**
+ * The request events of a NOTIFY payload; null when it carries none (a control message). A
+ * payload `self` produced is answered with no events: its producer delivered them in memory.
+ */
+export function decodeRequestEvents(payload: string, self: string): RequestEvent[] | null {
+  if (!payload.startsWith('R ')) return null;
+  const at = payload.indexOf(' ', 2);
+  if (at === -1 || payload.slice(2, at) === self) return [];
+  let entries: unknown;
+  try {
+    entries = JSON.parse(payload.slice(at + 1));
+  } catch {
+    return [];
+  }
   const events: RequestEvent[] = [];
-  for (const entry of msg.e as unknown[]) {
+  if (!Array.isArray(entries)) return events;
+  for (const entry of entries) {
     if (!Array.isArray(entry) || typeof entry[0] !== 'string') continue;
     const [requestId, code, arg] = entry as [string, unknown, unknown];
     if (code === CODE.frames && Number.isInteger(Number(arg))) events.push({ type: 'frames', requestId, seq: Number(arg) });
@@ -48,5 +62,5 @@ export function decodeRequestEvents(msg: { k?: unknown; o?: unknown; e?: unknown
       events.push({ type: 'state', requestId, status: arg as RequestStatus });
     } else if (code === CODE.superseded) events.push({ type: 'superseded', requestId });
   }
-  return { origin: typeof msg.o === 'string' ? msg.o : null, events };
+  return events;
 }

@@ -9,26 +9,30 @@ import { storeFrames, type FrameRow, type Stored } from '../db/chunks.ts';
 import type { ChunkRow } from '../db/requests.ts';
 import { createBatcher } from '../core/batcher.ts';
 
-// Bound on one statement's parameters and one flush's memory.
-const MAX_BATCH_FRAMES = 20_000;
+// Bound on one statement's parameters and one flush's memory (writes of a network read each).
+const MAX_BATCH_WRITES = 10_000;
 
 export type ChunkWriter = {
-  /** Resolves true once the frame is committed, false when its attempt was fenced out. */
-  write(frame: FrameRow): Promise<boolean>;
+  /**
+   * Stores consecutive frames of one attempt (what one read from the provider completed).
+   * Resolves true once they are committed, false when their attempt was fenced out.
+   */
+  write(frames: readonly FrameRow[]): Promise<boolean>;
   close(): Promise<void>;
 };
 
 export function createChunkWriter(conn: ConnectionConfig, bus: Bus, origin: string): ChunkWriter {
   const pool = createBatchPool(conn, 'sarsen-frames');
-  const batcher = createBatcher<FrameRow, boolean>(
-    async (batch) => {
+  const batcher = createBatcher<readonly FrameRow[], boolean>(
+    async (writes) => {
+      const batch = writes.flat();
       const stored = await retryOnConnectionLoss(() => storeFrames(pool, batch, origin));
       publishCommitted(bus, batch, stored);
-      return batch.map((f) => stored.get(f.requestId)?.attempt === f.attempt);
+      return writes.map((w) => stored.get(w[0]!.requestId)?.attempt === w[0]!.attempt);
     },
-    { maxBatch: MAX_BATCH_FRAMES },
+    { maxBatch: MAX_BATCH_WRITES },
   );
-  return { write: (frame) => batcher.add(frame), close: () => pool.end() };
+  return { write: (frames) => batcher.add(frames), close: () => pool.end() };
 }
 
 /**

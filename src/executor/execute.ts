@@ -180,8 +180,8 @@ async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, sig
   let uncommitted = 0;
   let storeError: LeaseLost | StoreFailed | null = null;
   const waiters = new Set<() => void>();
-  const settleOne = () => {
-    uncommitted--;
+  const settled = (n: number) => {
+    uncommitted -= n;
     for (const w of waiters) w();
   };
   const atMost = (n: number) =>
@@ -199,21 +199,23 @@ async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, sig
     res.body.destroy(storeError); // stop reading at once; the loop below sees storeError
   };
   const store = (frames: Buffer[]): void => {
-    for (const frame of frames) {
+    if (frames.length === 0) return;
+    const rows = frames.map((frame) => {
       tokens.push(frame);
-      uncommitted++;
       storedBytes += frame.length;
-      deps.chunks.write({ requestId: a.id, attempt: a.attempt, seq: ++seq, frame }).then(
-        (stored) => {
-          if (!stored) failStore(new LeaseLost('the lease was lost while streaming'));
-          settleOne();
-        },
-        (err) => {
-          failStore(new StoreFailed(err));
-          settleOne();
-        },
-      );
-    }
+      return { requestId: a.id, attempt: a.attempt, seq: ++seq, frame };
+    });
+    uncommitted += rows.length;
+    deps.chunks.write(rows).then(
+      (stored) => {
+        if (!stored) failStore(new LeaseLost('the lease was lost while streaming'));
+        settled(rows.length);
+      },
+      (err) => {
+        failStore(new StoreFailed(err));
+        settled(rows.length);
+      },
+    );
   };
   try {
     for await (const chunk of res.body) {

@@ -194,6 +194,10 @@ describe('control plane: routing rules', () => {
     it('drops the whole cache when the bus reconnects (a missed notification)', async () => {
       const rule = await call(server.url, 'POST', rulesBase, { token, body: { model: 'silent', backend_id: c } });
       await eventually(async () => routed(await resolveModel(other.deps, ns, 'silent'))?.backend.backend_id === c, 'the rule is seen');
+      // The rule's own notification may still be on its way (the cache can have read the rule
+      // first): let it land and the cache refill before the silent change.
+      await sleep(200);
+      expect(routed(await resolveModel(other.deps, ns, 'silent'))!.backend.backend_id).to.equal(c);
       // A change no notification announces (triggers off for this session only).
       await withTransaction(server.pool, async (tx) => {
         await tx.query(`SET LOCAL session_replication_role = replica`);

@@ -4,7 +4,7 @@
 import type { Request, Response } from 'express';
 import type { BaseDeps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
-import type { Answer } from '../../db/requests.ts';
+import type { Answer, ChunkRow } from '../../db/requests.ts';
 import { watch, type Watched } from './watch.ts';
 
 const KEEP_ALIVE_MS = 15_000;
@@ -65,6 +65,16 @@ async function send(res: Response, chunk: string | Buffer): Promise<void> {
   if (!res.write(chunk)) await drained(res);
 }
 
+/** Writes frames in one go (the writes of one turn leave in one system call); waits once if the buffer is full. */
+async function sendFrames(res: Response, frames: readonly ChunkRow[], withIds: boolean): Promise<void> {
+  let ok = true;
+  for (const f of frames) {
+    if (withIds) res.write(`id: ${f.seq}\n`);
+    ok = res.write(f.frame);
+  }
+  if (!ok) await drained(res);
+}
+
 /** An AbortSignal that fires when the caller goes away (a waiter leaving never touches the execution). */
 export function callerLeft(res: Response): AbortSignal {
   const left = new AbortController();
@@ -111,12 +121,13 @@ export async function liveStream(deps: BaseDeps, res: Response, r: Watched, hold
   const idleMs = Math.max(10, Math.min(holdMs, 1000));
   following: for (;;) {
     for await (const ev of watch(deps, r, { afterSeq: 0, idleMs, signal: left, fresh })) {
-      if (ev.type === 'frame') {
+      if (ev.type === 'frames') {
         if (!started) {
           res.writeHead(200, SSE_HEADERS);
           started = true;
         }
-        await write(ev.frame);
+        lastWrite = Date.now();
+        await sendFrames(res, ev.frames, false);
       } else if (ev.type === 'idle') {
         if (started && Date.now() - lastWrite >= KEEP_ALIVE_MS) await write(KEEP_ALIVE);
         if (!started && Date.now() >= deadline) {
@@ -157,7 +168,7 @@ export async function replay(deps: BaseDeps, req: Request, res: Response, r: Wat
   res.writeHead(200, SSE_HEADERS);
   res.flushHeaders(); // a replay of a pending request shows its 200 at once, before any frame
   for await (const ev of watch(deps, r, { afterSeq, idleMs: keepAliveMs, signal: left })) {
-    if (ev.type === 'frame') await send(res, Buffer.concat([Buffer.from(`id: ${ev.seq}\n`), ev.frame]));
+    if (ev.type === 'frames') await sendFrames(res, ev.frames, true);
     else if (ev.type === 'idle') await send(res, KEEP_ALIVE);
     else if (ev.type === 'superseded') {
       await send(res, SUPERSEDED_EVENT);

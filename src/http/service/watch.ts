@@ -12,7 +12,8 @@ import { readRecord, readStreamState, answerOf, isTerminal, type Answer, type Ch
 import { readFrames, frameExists } from '../../db/chunks.ts';
 
 export type WatchEvent =
-  | { type: 'frame'; seq: number; frame: Buffer }
+  /** Frames in order, numbered consecutively (as many as were at hand). */
+  | { type: 'frames'; frames: readonly ChunkRow[] }
   /** The request settled; `answer` is what it stored. */
   | { type: 'end'; answer: Answer }
   /** The attempt whose frames were delivered was discarded (its worker died, another took over). */
@@ -51,7 +52,9 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
   let stateNews = !opts.fresh;
   let generation = 0;
   let wake: (() => void) | null = null;
+  let lastPoke = Date.now();
   const poke = () => {
+    lastPoke = Date.now();
     generation++;
     wake?.();
   };
@@ -69,12 +72,14 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
   };
   /** The inbox's frames that continue exactly after `after`, or null when it has none (read the table). */
   const takeInbox = (): ChunkRow[] | null => {
-    const fresh = inbox.filter((f) => f.seq > after);
+    const held = inbox;
     inbox = [];
-    if (fresh.length === 0 || fresh[0]!.seq !== after + 1) return null;
-    const run = [fresh[0]!];
-    for (let i = 1; i < fresh.length && fresh[i]!.seq === run[run.length - 1]!.seq + 1; i++) run.push(fresh[i]!);
-    return run; // frames after a gap are read from the table next time round (see `announced`)
+    let from = 0;
+    while (from < held.length && held[from]!.seq <= after) from++;
+    if (from === held.length || held[from]!.seq !== after + 1) return null;
+    let to = from + 1;
+    while (to < held.length && held[to]!.seq === held[to - 1]!.seq + 1) to++;
+    return from === 0 && to === held.length ? held : held.slice(from, to); // after a gap: the table, next time round
   };
   const nextFrames = async (): Promise<ChunkRow[]> => {
     if (!r.streaming) {
@@ -92,22 +97,31 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
     if (!readTable && announced === before) announced = Math.min(announced, frames.at(-1)?.seq ?? after);
     return frames;
   };
-  // Waits for a poke or, at most, until the next idle tick or backstop poll (which re-reads the state).
+  // One timer per watch, armed for the earliest wake-up needed and not re-armed for later ones
+  // (a live stream pokes the watch every frame; a timer per wait would cost more than the
+  // frame). When it fires after a quiet backstop interval, the database is read again.
+  let timer: NodeJS.Timeout | undefined;
+  let timerAt = Infinity;
+  const onTimer = () => {
+    timer = undefined;
+    timerAt = Infinity;
+    if (Date.now() - lastPoke >= BACKSTOP_POLL_MS) readTable = stateNews = true;
+    generation++;
+    wake?.();
+  };
+  // Waits for a poke or, at most, until the next idle tick or backstop poll.
   const sleep = (untilIdleMs: number) =>
     new Promise<void>((resolve) => {
-      const timer = setTimeout(
-        () => {
-          readTable = stateNews = true;
-          done();
-        },
-        Math.max(0, Math.min(untilIdleMs, BACKSTOP_POLL_MS)),
-      );
-      function done() {
-        clearTimeout(timer);
+      wake = () => {
         wake = null;
         resolve();
+      };
+      const at = Date.now() + Math.max(0, Math.min(untilIdleMs, BACKSTOP_POLL_MS));
+      if (at < timerAt) {
+        clearTimeout(timer);
+        timerAt = at;
+        timer = setTimeout(onTimer, at - Date.now());
       }
-      wake = done;
     });
 
   const unsubscribe = deps.bus.onRequest(r.id, onEvent);
@@ -128,16 +142,20 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
       if (opts.signal.aborted) return;
       const seen = generation;
       const frames = await nextFrames();
-      for (const f of frames) {
-        if (following !== null && f.attempt !== following) {
-          yield { type: 'superseded' };
-          return;
-        }
-        following = f.attempt;
-        after = f.seq;
-        yield { type: 'frame', seq: f.seq, frame: f.frame };
+      // A frame of another attempt than the one being followed: that one was discarded.
+      const attempt: number | undefined = following ?? frames[0]?.attempt;
+      const cut = frames.findIndex((f) => f.attempt !== attempt);
+      const deliver = cut === -1 ? frames : frames.slice(0, cut);
+      if (deliver.length > 0) {
+        following = attempt!;
+        after = deliver[deliver.length - 1]!.seq;
+        lastNews = Date.now();
+        yield { type: 'frames', frames: deliver };
       }
-      if (frames.length > 0) lastNews = Date.now();
+      if (cut !== -1) {
+        yield { type: 'superseded' };
+        return;
+      }
 
       if (!answer && stateNews) {
         stateNews = false; // before the read: news arriving during it sets it again
@@ -159,10 +177,8 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
       }
       if (answer) {
         for (let rest = await nextFrames(); rest.length > 0; rest = await nextFrames()) {
-          for (const f of rest) {
-            after = f.seq;
-            yield { type: 'frame', seq: f.seq, frame: f.frame };
-          }
+          after = rest[rest.length - 1]!.seq;
+          yield { type: 'frames', frames: rest };
         }
         yield { type: 'end', answer };
         return;
@@ -178,6 +194,7 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
       await sleep(opts.idleMs - quiet);
     }
   } finally {
+    clearTimeout(timer);
     unsubscribe();
     unReconnect();
     opts.signal.removeEventListener('abort', poke);

@@ -1,0 +1,17 @@
+// Batch statements take their rows as parallel arrays (one parameter per column, unnested in
+// SQL). A binary column is the exception: an array of bytea travels as hex text, twice its
+// size, encoded in JavaScript and decoded again by PostgreSQL. Instead its values go back to
+// back in one binary parameter, with an array of their sizes to cut it apart.
+
+/** One binary parameter for a column of Buffers (null stays null: size -1), and the sizes to cut it at. */
+export function binaryColumn(values: readonly (Buffer | null)[]): { data: Buffer; sizes: number[] } {
+  return { data: Buffer.concat(values.filter((v): v is Buffer => v !== null)), sizes: values.map((v) => (v === null ? -1 : v.length)) };
+}
+
+/**
+ * SQL of a row's value from a binaryColumn: `data` is the parameter holding the values, `size`
+ * the row's size column and `ord` its ordinality (the window sums the sizes before it).
+ */
+export function binarySlice(data: string, size: string, ord: string): string {
+  return `CASE WHEN ${size} >= 0 THEN substring(${data} FROM (sum(greatest(${size}, 0)) OVER (ORDER BY ${ord}) - ${size} + 1)::int FOR ${size}) END`;
+}
