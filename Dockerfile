@@ -18,8 +18,10 @@ RUN npm ci --omit=dev --omit=optional --ignore-scripts
 
 FROM node:24-slim
 ENV NODE_ENV=production
-# Fewer malloc arenas: measured to keep 1,000 concurrent streams under 300 MB RSS.
-ENV MALLOC_ARENA_MAX=2
+# Runtime settings (as npm start uses them): fewer malloc arenas, and a V8 young generation of
+# at most 16 MB a semi-space (left alone, V8 sizes it for the machine's memory and a busy
+# process's heap balloons): measured to keep 1,000 streams opened at once under 300 MB RSS.
+ENV MALLOC_ARENA_MAX=2 NODE_OPTIONS=--max-semi-space-size=16
 WORKDIR /app
 COPY --from=deps /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist

@@ -10,7 +10,8 @@ import { parseArgs } from 'node:util';
 import { Pool as HttpPool } from 'undici';
 import type pg from 'pg';
 import { startFakeProvider, type FakeProvider } from '../test/support/fake-provider.ts';
-import { dbServer, shutdownDatabases } from '../test/support/db.ts';
+import { shutdownDatabases } from '../test/support/db.ts';
+import { benchDatabase } from './lib/database.ts';
 import { createPool } from '../src/db/pool.ts';
 import { listRequests, namespaceTotals, usageByKey } from '../src/db/accounting.ts';
 import { startBenchSarsen, type BenchSarsen } from './lib/sarsen-child.ts';
@@ -36,6 +37,7 @@ const { values: args } = parseArgs({
     warmup: { type: 'string', default: '50' },
     keys: { type: 'string', default: '3' },
     verbose: { type: 'boolean', default: false },
+    'allow-non-durable': { type: 'boolean', default: false },
   },
 });
 const ROWS = Number(args.rows);
@@ -215,16 +217,15 @@ async function main(): Promise<void> {
   let sarsen: BenchSarsen | null = null;
   let pool: pg.Pool | null = null;
   try {
+    const db = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
     provider = await startFakeProvider();
     progress('starting Sarsen (child process) against a fresh database');
     sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000, request_fee_micros: FEE_MICROS } });
     pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
-    const server = await dbServer();
-    const { rows } = await pool.query(
-      `SELECT current_setting('server_version') AS v, current_setting('shared_buffers') AS sb, current_setting('fsync') AS f, current_setting('jit') AS jit`);
+
     out(`Sarsen accounts benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}; node ${process.version}`);
-    out(`database: ${server.kind} PostgreSQL ${rows[0].v} (shared_buffers=${rows[0].sb}, fsync=${rows[0].f}, jit=${rows[0].jit}); Sarsen child process ${sarsen.url} (role both)`);
+    out(`database: ${db.describe}; Sarsen child process ${sarsen.url} (role both)`);
     out();
     const figures = await run(sarsen, pool, provider, abort.signal);
     report(figures);

@@ -24,7 +24,7 @@ import { spawnNode, type SarsenChild } from '../test/support/child.ts';
 import { createPool } from '../src/db/pool.ts';
 import { benchDatabase } from './lib/database.ts';
 import { startGateway, type Gateway } from './lib/gateway.ts';
-import { startBenchSarsen, type BenchSarsen } from './lib/sarsen-child.ts';
+import { startBenchSarsen, SARSEN_RUNTIME_ENV, type BenchSarsen } from './lib/sarsen-child.ts';
 import { provisionChat } from './lib/provision.ts';
 import { runWrk, wrkVersion, describeFailures, type WrkResult } from './lib/wrk.ts';
 import { processCpuMs, postmasterPid, serverCpuMs } from './lib/cpu.ts';
@@ -43,6 +43,9 @@ const { values: args } = parseArgs({
     many: { type: 'string', default: '1000' },
     'stream-seconds': { type: 'string', default: '10' },
     'allow-non-durable': { type: 'boolean', default: false },
+    // Environment of the Sarsen children beyond the runtime settings they get anyway
+    // (SARSEN_RUNTIME_ENV): --child-env NODE_OPTIONS=--max-semi-space-size=8
+    'child-env': { type: 'string', multiple: true, default: [] },
   },
 });
 const SECONDS = Number(args.seconds);
@@ -55,6 +58,17 @@ const STREAM_SECONDS = Number(args['stream-seconds']);
 if (![SECONDS, WARMUP, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, ...LEVELS].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1) {
   throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --streams N --many N --stream-seconds N');
 }
+const CHILD_ENV: Record<string, string> = {
+  ...SARSEN_RUNTIME_ENV,
+  ...Object.fromEntries(
+    args['child-env'].map((kv) => {
+      const at = kv.indexOf('=');
+      if (at < 1) throw new Error(`--child-env takes NAME=VALUE, not ${kv}`);
+      return [kv.slice(0, at), kv.slice(at + 1)];
+    }),
+  ),
+};
+const describeRuntime = (env: Record<string, string>) => Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ');
 const FRAMES = 50;
 const PACE_MS = 20;
 const DRAIN_LIMIT_MS = 180_000;
@@ -75,55 +89,69 @@ async function startProvider(): Promise<{ url: string; child: SarsenChild }> {
   return { url: url!, child };
 }
 
+type SarsenUnderTest = { sarsen: BenchSarsen; pool: pg.Pool; side: Side; postmaster: number | null };
+
+/** A Sarsen child (role both) on a fresh database, provisioned with a key on the provider. */
+async function startSarsen(providerUrl: string): Promise<SarsenUnderTest> {
+  const sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 }, env: CHILD_ENV });
+  const pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
+  const tenant = await provisionChat(sarsen.url, pool, providerUrl);
+  const side: Side = {
+    name: 'sarsen',
+    url: `${sarsen.url}${tenant.basePath}/chat/completions`,
+    headers: { 'content-type': 'application/json', 'x-sarsen-key': tenant.key },
+    pid: sarsen.child.child.pid!,
+  };
+  return { sarsen, pool, side, postmaster: await postmasterPid(pool).catch(() => null) };
+}
+
+async function stopSarsen(s: SarsenUnderTest | null): Promise<void> {
+  if (!s) return;
+  await s.pool.end().catch(() => undefined);
+  await s.sarsen.stop().catch((err) => progress(`stopping Sarsen failed: ${err}`));
+}
+
 async function main(): Promise<void> {
   const db = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
   const wrk = wrkVersion();
   if (!wrk) throw new Error('wrk is not installed (Debian: apt-get install wrk); the side-by-side benchmark uses it as its load generator.');
   let provider: { url: string; child: SarsenChild } | null = null;
   let gateway: Gateway | null = null;
-  let sarsen: BenchSarsen | null = null;
-  let pool: pg.Pool | null = null;
+  let under: SarsenUnderTest | null = null;
   try {
     provider = await startProvider();
     gateway = await startGateway();
     progress('starting Sarsen (role both) against a fresh database');
-    sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 } });
-    pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
-    const tenant = await provisionChat(sarsen.url, pool, provider.url);
-    const postmaster = await postmasterPid(pool).catch(() => null);
-    const pgPool = pool;
+    under = await startSarsen(provider.url);
 
     out(`Sarsen side-by-side benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}`);
     out(`node ${process.version}; load generator ${wrk}; gateway @portkey-ai/gateway ${gateway.version}; provider: a Node process answering at once (streams: ${FRAMES} frames ${PACE_MS} ms apart)`);
     out(`database: ${db.describe}`);
-    out(`Sarsen: ${sarsen.url}, role both, pid ${sarsen.child.child.pid}; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase; every body distinct`);
+    out(`Sarsen: role both, ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases and another for the streaming ones; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase; every body distinct`);
     out();
 
     const auth = { authorization: 'Bearer sk-bench-direct', 'content-type': 'application/json' };
-    const sides: Side[] = [
-      { name: 'direct', url: `${provider.url}/v1/chat/completions`, headers: auth, pid: provider.child.child.pid! },
-      { name: 'gateway', url: `${gateway.url}/v1/chat/completions`, headers: { ...auth, ...gateway.headers(provider.url) }, pid: gateway.pid },
-      { name: 'sarsen', url: `${sarsen.url}${tenant.basePath}/chat/completions`, headers: { 'content-type': 'application/json', 'x-sarsen-key': tenant.key }, pid: sarsen.child.child.pid! },
-    ];
-    const sarsenSide = sides[2]!;
+    const direct: Side = { name: 'direct', url: `${provider.url}/v1/chat/completions`, headers: auth, pid: provider.child.child.pid! };
+    const viaGateway: Side = { name: 'gateway', url: `${gateway.url}/v1/chat/completions`, headers: { ...auth, ...gateway.headers(provider.url) }, pid: gateway.pid };
 
     const measure = async (side: Side, c: number, body: string, seconds: number, warmup: number, url = side.url): Promise<Measured> => {
       const load = { url, headers: side.headers, body, connections: c, timeoutS: 10 };
       if (warmup > 0) await runWrk({ ...load, durationS: warmup });
-      const cpu0 = processCpuMs(side.pid!);
+      const postmaster = under!.postmaster;
+      const cpu0 = processCpuMs(side.pid);
       const pg0 = serverCpuMs(postmaster);
       const t0 = performance.now();
       const r = await runWrk({ ...load, durationS: seconds });
       const wall = performance.now() - t0;
-      return { ...r, cpu: (processCpuMs(side.pid!) - cpu0) / wall, pgCpu: (serverCpuMs(postmaster) - pg0) / wall };
+      return { ...r, cpu: (processCpuMs(side.pid) - cpu0) / wall, pgCpu: (serverCpuMs(postmaster) - pg0) / wall };
     };
 
     // Non-streaming, closed loop.
     const nonStream = new Map<number, Map<string, Measured>>();
     for (const c of LEVELS) {
       const row = new Map<string, Measured>();
-      for (const side of sides) {
+      for (const side of [direct, viaGateway, under.side]) {
         progress(`non-streaming c=${c}: ${side.name}`);
         row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
       }
@@ -132,19 +160,23 @@ async function main(): Promise<void> {
 
     // Fire-and-forget acceptance, then the backlog drained.
     progress(`POST /requests at c=${ACCEPT_C}`);
-    const acceptStart = await dbNow(pgPool);
-    const accepted = await measure(sarsenSide, ACCEPT_C, chatBody(false), SECONDS, 0, sarsenSide.url.replace(/\/chat\/completions$/, '/requests'));
-    const drain = await drained(pgPool, acceptStart);
+    const acceptStart = await dbNow(under.pool);
+    const accepted = await measure(under.side, ACCEPT_C, chatBody(false), SECONDS, 0, under.side.url.replace(/\/chat\/completions$/, '/requests'));
+    const drain = await drained(under.pool, acceptStart);
     progress(`accepted ${fmt(accepted.rate, 0)}/s; backlog ${drain.backlog} drained in ${fmt(drain.ms / 1000, 1)} s`);
 
-    // Concurrent streams.
+    // Streams, through a fresh Sarsen process.
+    await stopSarsen(under);
+    under = null;
+    progress('starting a fresh Sarsen for the streaming phases');
+    under = await startSarsen(provider.url);
     const streams = new Map<string, Measured>();
-    for (const side of sides) {
+    for (const side of [direct, viaGateway, under.side]) {
       progress(`${STREAMS} concurrent streams: ${side.name}`);
       streams.set(side.name, await measure(side, STREAMS, chatBody(true), STREAM_SECONDS, 2));
     }
     const many = new Map<string, Burst>();
-    for (const side of [sides[0]!, sarsenSide]) {
+    for (const side of [direct, under.side]) {
       progress(`${MANY} streams opened at once: ${side.name}`);
       many.set(side.name, await burst(side, MANY));
     }
@@ -152,8 +184,7 @@ async function main(): Promise<void> {
     report({ nonStream, accepted, drain, streams, many });
   } finally {
     progress('cleaning up');
-    await pool?.end().catch(() => undefined);
-    await sarsen?.stop().catch((err) => progress(`stopping Sarsen failed: ${err}`));
+    await stopSarsen(under);
     await gateway?.stop().catch(() => undefined);
     await provider?.child.kill('SIGTERM');
     await shutdownDatabases();

@@ -17,6 +17,7 @@ import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { performance } from 'node:perf_hooks';
 import { shutdownDatabases } from '../test/support/db.ts';
+import { benchDatabase } from './lib/database.ts';
 import { startPacedProvider, type PacedProvider } from './lib/stream-provider.ts';
 import { createAgent, streamOnce, closedLoop, type StreamResult } from './lib/stream-client.ts';
 import { startStreamSarsen, provisionStreaming, memoryMb, cpuMs, postgresCpuMs, sampleRss, type StreamSarsen, type StreamTenant } from './lib/stream-sarsen.ts';
@@ -42,6 +43,7 @@ const { values: args } = parseArgs({
     // Extra environment for the Sarsen child, to see what its RSS is made of:
     // --child-env MALLOC_ARENA_MAX=2 --child-env NODE_OPTIONS=--max-semi-space-size=2
     'child-env': { type: 'string', multiple: true, default: [] },
+    'allow-non-durable': { type: 'boolean', default: false },
   },
 });
 const FRAMES = Number(args.frames);
@@ -168,6 +170,8 @@ async function levelPhase(side: Side, n: number, provider: PacedProvider, sarsen
 let running: StreamSarsen | null = null;
 
 async function main(): Promise<void> {
+  const db = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
+  progress(`database: ${db.describe}`);
   const provider = await startPacedProvider({ frames: FRAMES, paceMs: PACE });
   let sarsen: StreamSarsen | null = null;
   try {

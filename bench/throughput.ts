@@ -12,7 +12,8 @@ import crypto from 'node:crypto';
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { startFakeProvider, type FakeProvider } from '../test/support/fake-provider.ts';
-import { dbServer, shutdownDatabases } from '../test/support/db.ts';
+import { shutdownDatabases } from '../test/support/db.ts';
+import { benchDatabase } from './lib/database.ts';
 import { createPool } from '../src/db/pool.ts';
 import { startBenchSarsen, type BenchSarsen } from './lib/sarsen-child.ts';
 import { provisionChat, type BenchTenant } from './lib/provision.ts';
@@ -21,7 +22,9 @@ import { summarise, fmt, table, verdict, type Summary } from './lib/stats.ts';
 import { cpuSnapshot, cpuShares, postmasterPid, type CpuShares } from './lib/cpu.ts';
 import { profileRun } from './lib/profile-run.ts';
 
-const TARGETS = { rateC64: 2000, addedP50C16: 2, addedP99C16: 10, acceptance: 3000 };
+// DESIGN.md section 6's absolute targets; the throughput targets are ratios against a stateless
+// gateway, measured side by side by bench/compare.ts.
+const TARGETS = { addedP50C1: 2, addedP50C16: 10, addedP99C16: 40 };
 const HARD_LIMIT_MS = 15 * 60_000; // the whole run, whatever happens
 const DRAIN_LIMIT_MS = 120_000; // waiting for the fire-and-forget backlog
 
@@ -34,6 +37,7 @@ const { values: args } = parseArgs({
     profile: { type: 'boolean', default: false },
     'profile-concurrency': { type: 'string', default: '16' },
     'keep-profile': { type: 'boolean', default: false },
+    'allow-non-durable': { type: 'boolean', default: false },
   },
 });
 const durationMs = Number(args.seconds) * 1000;
@@ -121,11 +125,11 @@ function report(levelsDone: Level[], accept: { phase: Phase; backlog: number; dr
   const rows: string[][] = [];
   const add = (what: string, target: string, value: number, unit: string, t: number, better: 'higher' | 'lower') =>
     rows.push([what, target, Number.isFinite(value) ? `${fmt(value, unit === 'ms' ? 2 : 0)} ${unit}` : '-', verdict(value, t, better, unit)]);
-  add('throughput at c=64 (via Sarsen)', `≥ ${TARGETS.rateC64} req/s`, c64?.via.result.rate ?? NaN, 'req/s', TARGETS.rateC64, 'higher');
+  const c1 = at(1);
+  add('added p50 at c=1', `≤ ${TARGETS.addedP50C1} ms`, c1 ? c1.via.latency.p50 - c1.direct.latency.p50 : NaN, 'ms', TARGETS.addedP50C1, 'lower');
   add('added p50 at c=16', `≤ ${TARGETS.addedP50C16} ms`, c16 ? c16.via.latency.p50 - c16.direct.latency.p50 : NaN, 'ms', TARGETS.addedP50C16, 'lower');
   add('added p99 at c=16', `≤ ${TARGETS.addedP99C16} ms`, c16 ? c16.via.latency.p99 - c16.direct.latency.p99 : NaN, 'ms', TARGETS.addedP99C16, 'lower');
-  add('POST /requests acceptance', `≥ ${TARGETS.acceptance}/s`, accept?.phase.result.rate ?? NaN, '/s', TARGETS.acceptance, 'higher');
-  out('DESIGN.md section 6 targets');
+  out('DESIGN.md section 6 latency targets (throughput against a stateless gateway: npm run bench:compare)');
   out(table(['measure', 'target', 'measured', 'verdict'], rows));
   const bad = levelsDone.some((l) => l.direct.result.unexpected.size + l.via.result.unexpected.size > 0) || (accept?.phase.result.unexpected.size ?? 0) > 0;
   out(bad ? 'Some answers were not 200/202: see the non-2xx columns.' : 'Every answer was 200 (202 for POST /requests).');
@@ -160,6 +164,7 @@ async function main(): Promise<void> {
   let pool: pg.Pool | null = null;
   let resetTimer: NodeJS.Timeout | null = null;
   try {
+    const db = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
     provider = await startFakeProvider();
     const p = provider;
     resetTimer = setInterval(() => p.reset(), 1000); // keeps the journal from growing without bound
@@ -167,15 +172,13 @@ async function main(): Promise<void> {
     sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 } });
     pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
     const tenant: BenchTenant = await provisionChat(sarsen.url, pool, provider.url);
-    const server = await dbServer();
-    const { rows } = await pool.query(`SELECT current_setting('server_version') AS v, current_setting('fsync') AS f, current_setting('synchronous_commit') AS s, current_setting('max_connections') AS m`);
     const postmaster = await postmasterPid(pool).catch(() => null);
     const sarsenPid = sarsen.child.child.pid!;
     const cpu = () => cpuSnapshot(sarsenPid, postmaster);
 
     out(`Sarsen throughput benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}; node ${process.version}`);
-    out(`database: ${server.kind} PostgreSQL ${rows[0].v} (fsync=${rows[0].f}, synchronous_commit=${rows[0].s}, max_connections=${rows[0].m})`);
+    out(`database: ${db.describe}`);
     out(`load: closed loop, ${warmupMs / 1000} s warm-up + ${durationMs / 1000} s measured per phase; fake provider in this process; Sarsen ${sarsen.url} (role both, child pid ${sarsenPid})`);
     out();
 

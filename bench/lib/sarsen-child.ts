@@ -5,6 +5,14 @@ import { createTestDatabase, type TestDatabase } from '../../test/support/db.ts'
 import { makeSecretsDir, sarsenEnv, spawnSarsen, type SarsenChild } from '../../test/support/child.ts';
 import type { Settings } from '../../src/config/settings.ts';
 
+/**
+ * The runtime settings Sarsen runs with wherever it is started for real (npm start, the
+ * image): fewer glibc malloc arenas, and a V8 young generation of at most 16 MB a
+ * semi-space (left alone, V8 sizes it for the machine's memory and lets a busy process's heap
+ * balloon). Benchmarks run Sarsen the same way.
+ */
+export const SARSEN_RUNTIME_ENV: Record<string, string> = { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16' };
+
 export type BenchSarsen = {
   url: string;
   db: TestDatabase;
@@ -16,7 +24,7 @@ export type BenchSarsen = {
 export type BenchSarsenOptions = {
   settings?: Partial<Settings>;
   args?: string[];
-  /** Extra environment for the child (NODE_OPTIONS for --cpu-prof, for instance). */
+  /** Extra environment for the child, over SARSEN_RUNTIME_ENV (NODE_OPTIONS for --cpu-prof, for instance). */
   env?: Record<string, string>;
   /** Where the child connects, when not the database server itself (a profiling proxy). */
   via?: { host: string; port: number };
@@ -36,7 +44,7 @@ export async function startBenchSarsen(opts: BenchSarsenOptions = {}): Promise<B
   const db = await createTestDatabase(opts.settings);
   const secrets = makeSecretsDir(db.conn);
   const conn = opts.via ? { ...db.conn, host: opts.via.host, port: opts.via.port } : db.conn;
-  const child = spawnSarsen(['--port', '0', '--host', '127.0.0.1', ...(opts.args ?? [])], sarsenEnv(conn, secrets.dir, opts.env));
+  const child = spawnSarsen(['--port', '0', '--host', '127.0.0.1', ...(opts.args ?? [])], sarsenEnv(conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env }));
   let stopping: Promise<void> | null = null;
   const stop = (graceMs = 15_000) =>
     (stopping ??= (async () => {
