@@ -17,7 +17,7 @@ export const testSecrets = (): Secrets =>
 export type TestServer = Sarsen & { db: TestDatabase; secrets: Secrets; close(): Promise<void> };
 
 export async function startTestServer(
-  opts: { db?: TestDatabase; role?: Role; credentialPassthrough?: boolean; settings?: Partial<Settings>; secrets?: Secrets } = {},
+  opts: { db?: TestDatabase; role?: Role; credentialPassthrough?: boolean; settings?: Partial<Settings>; secrets?: Secrets; executorConcurrency?: number } = {},
 ): Promise<TestServer> {
   const ownDb = !opts.db;
   const db = opts.db ?? (await createTestDatabase(opts.settings));
@@ -26,7 +26,7 @@ export async function startTestServer(
   try {
     sarsen = await startSarsen({
       conn: { ...db.conn, password: db.conn.password },
-      serve: { role: opts.role ?? 'both', credentialPassthrough: opts.credentialPassthrough ?? false, port: 0, host: '127.0.0.1', executorConcurrency: 64 },
+      serve: { role: opts.role ?? 'both', credentialPassthrough: opts.credentialPassthrough ?? false, port: 0, host: '127.0.0.1', executorConcurrency: opts.executorConcurrency ?? 64 },
       secrets,
     });
   } catch (err) {

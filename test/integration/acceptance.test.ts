@@ -1,0 +1,128 @@
+// Accepting and running in one process (issue 13): a process with the executor role claims what
+// it accepts in the submission statement and calls the provider at once, with no job pickup in
+// between; the request's graphile-worker job is still written in the same statement, due when
+// the lease ends, moved on while the attempt lives, and removed with the terminal write. What
+// finds no free slot waits as a job, and what the accepting process was running when it died
+// is run again by another executor.
+import { expect } from 'chai';
+import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
+import { startTestServer, type TestServer } from '../support/server.ts';
+import { startDeployment } from '../support/processes.ts';
+import { provision, type Tenant } from '../support/tenant.ts';
+import { rawRequest, json, until } from '../support/http.ts';
+import type pg from 'pg';
+
+type Job = { task_identifier: string; run_at: Date; locked_at: Date | null; attempts: number; due_in_ms: number };
+
+const jobOf = async (pool: pg.Pool, id: string): Promise<Job[]> =>
+  (await pool.query<Job>(
+    `SELECT task_identifier, run_at, locked_at, attempts, (extract(epoch FROM run_at - now()) * 1000)::float8 AS due_in_ms
+       FROM graphile_worker.jobs WHERE key = $1`,
+    [id],
+  )).rows;
+const rowOf = async (pool: pg.Pool, id: string) =>
+  (await pool.query(`SELECT status, attempts, recoveries, lease_owner FROM sarsen.requests WHERE id = $1`, [id])).rows[0];
+
+const submit = async (t: Tenant, content: string): Promise<string> => {
+  const res = await rawRequest(`${t.base}/requests`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
+    body: JSON.stringify({ model: 'gpt-test', messages: [{ role: 'user', content }] }),
+  });
+  expect(res.status).to.equal(202);
+  // Accepted is pending (SPEC.md), even when this process already claimed it.
+  expect(json(res).status).to.equal('pending');
+  return json(res).request_id;
+};
+
+describe('claimed at acceptance (role both)', function () {
+  this.timeout(90_000);
+  let provider: FakeProvider;
+
+  before(async () => {
+    provider = await startFakeProvider();
+  });
+  after(async () => {
+    await provider?.close();
+  });
+  beforeEach(() => provider.reset());
+
+  describe('in one process', () => {
+    let server: TestServer;
+    let t: Tenant;
+    before(async () => {
+      server = await startTestServer({ settings: { lease_ms: 2000, heartbeat_ms: 400, sweep_interval_ms: 100 }, executorConcurrency: 2 });
+      t = await provision(server, provider);
+    });
+    after(async () => {
+      await server?.close();
+    });
+
+    it('runs what it accepted at once, keeps its backstop job due past the lease while it runs, and removes it with the answer', async () => {
+      provider.enqueue({ kind: 'default', delayMs: 3500 });
+      const id = await submit(t, 'a long answer');
+      await provider.waitForRequests(1);
+      // Claimed by the statement that accepted it: running under this process's lease.
+      const running = await rowOf(server.pool, id);
+      expect(running).to.include({ status: 'running', attempts: 1, recoveries: 0 });
+      expect(running.lease_owner).to.match(/^wrk_/);
+      const [job] = await jobOf(server.pool, id);
+      expect(job).to.include({ task_identifier: 'execute_request', locked_at: null, attempts: 0 });
+      expect(job!.due_in_ms).to.be.within(0, 2000);
+      // Past the first lease's end the heartbeat has moved the job on: nobody ran it.
+      await new Promise((r) => setTimeout(r, 2600));
+      const [later] = await jobOf(server.pool, id);
+      expect(later).to.include({ locked_at: null, attempts: 0 });
+      expect(later!.due_in_ms).to.be.above(0);
+      const done = await until(async () => ((await rowOf(server.pool, id)).status === 'succeeded' ? true : undefined), 15_000);
+      expect(done).to.equal(true);
+      expect(await rowOf(server.pool, id)).to.include({ attempts: 1, recoveries: 0 });
+      expect(await jobOf(server.pool, id)).to.deep.equal([]);
+      expect(provider.journal).to.have.length(1);
+    });
+
+    it('what finds no free slot waits as a job due now, and is run through the queue', async () => {
+      provider.rule(() => ({ kind: 'default', delayMs: 800 }));
+      const ids: string[] = [];
+      for (let i = 0; i < 4; i++) ids.push(await submit(t, `overflow ${i}`));
+      await until(async () => ((await Promise.all(ids.map((id) => rowOf(server.pool, id)))).every((r) => r.status === 'succeeded') ? true : undefined), 20_000);
+      for (const id of ids) {
+        expect(await rowOf(server.pool, id)).to.include({ attempts: 1, recoveries: 0 });
+        expect(await jobOf(server.pool, id)).to.deep.equal([]);
+      }
+      expect(provider.journal).to.have.length(4);
+      // Two slots: two were claimed by the statement that accepted them (started as they were
+      // created); the others were written pending with a job due now, and claimed from it later.
+      const { rows } = await server.pool.query(
+        `SELECT count(*) FILTER (WHERE started_at = created_at)::int AS at_acceptance,
+                count(*) FILTER (WHERE started_at > created_at)::int AS from_jobs
+           FROM sarsen.requests WHERE id = ANY($1::text[])`,
+        [ids],
+      );
+      expect(rows[0]).to.deep.equal({ at_acceptance: 2, from_jobs: 2 });
+    });
+  });
+
+  it('what the accepting process was running when it was killed, another executor runs again', async () => {
+    const d = await startDeployment({ sweep_interval_ms: 100, lease_ms: 3000, heartbeat_ms: 500 });
+    try {
+      const accepting = await d.start('both');
+      const other = await d.start('executor');
+      const t = await provision(d.asServer(accepting), provider);
+      provider.enqueue({ kind: 'hang' }, { kind: 'default' });
+      const id = await submit(t, 'survive me');
+      await provider.waitForRequests(1);
+      // No job pickup: the accepting process holds the lease it took at acceptance.
+      expect(await rowOf(d.pool, id)).to.include({ status: 'running', attempts: 1, lease_owner: accepting.owner });
+      expect((await jobOf(d.pool, id))[0]).to.include({ locked_at: null });
+      await accepting.kill('SIGKILL');
+      await until(async () => ((await rowOf(d.pool, id)).status === 'succeeded' ? true : undefined), 30_000);
+      expect(await rowOf(d.pool, id)).to.include({ attempts: 2, recoveries: 1, lease_owner: null });
+      expect(provider.journal).to.have.length(2);
+      expect(await jobOf(d.pool, id)).to.deep.equal([]);
+      await other.kill('SIGTERM');
+    } finally {
+      await d.close();
+    }
+  });
+});
