@@ -25,7 +25,6 @@ const HARD_LIMIT_MS = 10 * 60_000;
 const FEE_MICROS = 100;
 const PAGE = 50;
 const DAY_MS = 86_400_000;
-const HOUR_MS = 3_600_000;
 const BIG_TABLES = ['sarsen.requests', 'sarsen.ledger', 'sarsen.key_usage_hourly', 'requests', 'ledger', 'key_usage_hourly'];
 
 const { values: args } = parseArgs({
@@ -133,14 +132,13 @@ function report(f: Figures): void {
 }
 
 async function plans(pool: pg.Pool, t: AccountsTenant, page100Before: string, sinceWeek: number): Promise<Figures['plans']> {
-  const hour = (ms: number) => new Date(Math.floor(ms / HOUR_MS) * HOUR_MS);
   const cases: [string, (p: pg.Pool) => Promise<unknown>][] = [
     ['listing page 1', (p) => listRequests(p, t.namespaceId, null, PAGE + 1)],
     ['listing page 100', (p) => listRequests(p, t.namespaceId, page100Before, PAGE + 1)],
     ['usage totals (and storage)', (p) => namespaceTotals(p, t.namespaceId)],
-    ['usage per key, default 30 days', (p) => usageByKey(p, t.namespaceId, hour(Date.now() - 30 * DAY_MS))],
-    ['usage per key, since 7 days', (p) => usageByKey(p, t.namespaceId, hour(sinceWeek))],
-    [`usage per key, since ${DAYS + 1} days`, (p) => usageByKey(p, t.namespaceId, hour(Date.now() - (DAYS + 1) * DAY_MS))],
+    ['usage per key, default 30 days', (p) => usageByKey(p, t.namespaceId, new Date(Date.now() - 30 * DAY_MS))],
+    ['usage per key, since 7 days', (p) => usageByKey(p, t.namespaceId, new Date(sinceWeek))],
+    [`usage per key, since ${DAYS + 1} days`, (p) => usageByKey(p, t.namespaceId, new Date(Date.now() - (DAYS + 1) * DAY_MS))],
   ];
   const result: Figures['plans'] = [];
   for (const [name, fn] of cases) {
@@ -150,6 +148,23 @@ async function plans(pool: pg.Pool, t: AccountsTenant, page100Before: string, si
     result.push({ name, plan: await explain(pool, q) });
   }
   return result;
+}
+
+/** GET /usage's per-key figures from `since` recounted from every raw event (a full scan: a check, not a measure). */
+async function recountUsage(pool: pg.Pool, namespaceId: string, since: number): Promise<unknown[]> {
+  const { rows } = await pool.query(
+    `SELECT k.api_key_id,
+            (SELECT count(*) FROM sarsen.ledger l WHERE l.namespace_id = $1 AND l.api_key_id = k.api_key_id AND l.created_at >= $2)::bigint AS ledger_events,
+            count(*) FILTER (WHERE q.provider_reached)::bigint AS provider_calls,
+            sum(q.prompt_tokens) FILTER (WHERE q.status = 'succeeded')::bigint AS prompt_tokens,
+            sum(q.completion_tokens) FILTER (WHERE q.status = 'succeeded')::bigint AS completion_tokens,
+            sum(q.total_tokens) FILTER (WHERE q.status = 'succeeded')::bigint AS total_tokens
+       FROM (SELECT DISTINCT api_key_id FROM sarsen.ledger WHERE namespace_id = $1 AND created_at >= $2) k
+       JOIN sarsen.requests q ON q.api_key_id = k.api_key_id AND q.namespace_id = $1 AND q.finished_at >= $2
+      GROUP BY k.api_key_id ORDER BY k.api_key_id`,
+    [namespaceId, new Date(since)],
+  );
+  return rows;
 }
 
 async function run(sarsen: BenchSarsen, pool: pg.Pool, provider: FakeProvider, signal: AbortSignal): Promise<Figures> {
@@ -180,6 +195,14 @@ async function run(sarsen: BenchSarsen, pool: pg.Pool, provider: FakeProvider, s
         throw new Error(`usage answered ${JSON.stringify(b).slice(0, 400)}`);
       }
     };
+    // The window is exact: the answer equals a recount of the raw events from `since` on.
+    const expectedWeek = await recountUsage(pool, t.namespaceId, sinceWeek);
+    const weekCheck = (b: any) => {
+      usageCheck(b);
+      if (b.itemised_since !== sinceWeek || JSON.stringify(b.api_keys) !== JSON.stringify(expectedWeek)) {
+        throw new Error(`usage since ${sinceWeek} answered ${JSON.stringify(b)}, a recount says ${JSON.stringify(expectedWeek)}`);
+      }
+    };
     const storageCheck = (b: any) => {
       if (!(b.stored_bytes > 0) || b.stored_bytes !== b.request_bytes + b.response_bytes + b.chunk_bytes) throw new Error(`storage answered ${JSON.stringify(b)}`);
     };
@@ -188,7 +211,7 @@ async function run(sarsen: BenchSarsen, pool: pg.Pool, provider: FakeProvider, s
     await add(`listing page 1 (limit ${PAGE})`, `${base}/requests?limit=${PAGE}`, fullPage);
     await add(`listing page 100 (limit ${PAGE})`, `${base}/requests?limit=${PAGE}&after=${encodeURIComponent(cursor)}`, fullPage);
     await add('GET /usage (default: 30 days)', `${base}/usage`, usageCheck);
-    await add('GET /usage?since=7 days ago', `${base}/usage?since=${sinceWeek}`, usageCheck);
+    await add('GET /usage?since=7 days ago', `${base}/usage?since=${sinceWeek}`, weekCheck);
     await add(`GET /usage?since=${DAYS + 1} days ago (all)`, `${base}/usage?since=${Date.now() - (DAYS + 1) * DAY_MS}`, usageCheck);
     await add('GET /storage', `${base}/storage`, storageCheck);
     if (signal.aborted) throw new Error('interrupted');

@@ -1,30 +1,71 @@
-// JSON-lines logging. Callers pass identifiers and figures only: never a prompt, an answer,
-// a credential or a key secret. Error objects are reduced to name/code/message by `errorFields`.
+// Logging. JSON lines when stdout is not a terminal (a log collector reads them), a compact
+// readable line on a terminal; the level from CTX_LOG_LEVEL. Callers pass identifiers and
+// figures only: never a prompt, an answer, a credential or a key secret. Error objects are
+// reduced to name/code/message by `errorFields`.
 import winston from 'winston';
 import { Writable } from 'node:stream';
+import { inspect } from 'node:util';
+
+export const LOG_LEVELS = ['error', 'warn', 'info', 'debug'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+export type LogFormat = 'json' | 'pretty';
 
 // `time` first in every line, as an ISO-8601 UTC string.
 const stamp = winston.format((info) => Object.assign(info, { time: new Date().toISOString() }));
+
+const MESSAGE_SYMBOL = Symbol.for('message');
+const COLOURS: Record<string, string> = { error: '\x1b[31m', warn: '\x1b[33m', info: '\x1b[36m', debug: '\x1b[2m' };
+// Fields every line carries, or that the line's own layout already shows.
+const QUIET = new Set(['level', 'message', 'time', 'role', 'stack']);
+
+function fieldText(v: unknown): string {
+  if (typeof v === 'string') return /^[^\s"=]+$/.test(v) ? v : JSON.stringify(v);
+  return typeof v === 'object' && v !== null ? JSON.stringify(v) : String(v);
+}
+
+/** One compact line for a person: `12:00:01.234 info  message key=value ...`, the stack (if any) below. */
+export function prettyLine(info: Record<string, unknown>, colour: boolean): string {
+  const level = String(info.level);
+  const time = typeof info.time === 'string' ? info.time.slice(11, 23) : '';
+  const tag = colour ? `${COLOURS[level] ?? ''}${level.padEnd(5)}\x1b[0m` : level.padEnd(5);
+  const fields = Object.entries(info)
+    .filter(([k, v]) => !QUIET.has(k) && v !== undefined)
+    .map(([k, v]) => `${k}=${fieldText(v)}`);
+  const line = [time, tag, typeof info.message === 'string' ? info.message : inspect(info.message), ...fields].join(' ');
+  return typeof info.stack === 'string' ? `${line}\n${info.stack.replace(/^/gm, '    ')}` : line;
+}
+
+const pretty = winston.format((info) => {
+  (info as unknown as Record<symbol, string>)[MESSAGE_SYMBOL] = prettyLine(info as Record<string, unknown>, process.stdout.isTTY === true);
+  return info;
+});
 
 const stdoutTransport = new winston.transports.Console({ stderrLevels: [] });
 
 export const logger = winston.createLogger({
   level: 'info',
-  format: winston.format.combine(stamp(), winston.format.json()),
+  format: stamp(),
   defaultMeta: { role: 'cli' },
   transports: [stdoutTransport],
 });
 
-export function configureLogging(opts: { role?: string; level?: string; stdout?: boolean }): void {
+function useFormat(format: LogFormat): void {
+  stdoutTransport.format = format === 'pretty' ? pretty() : winston.format.json();
+}
+useFormat(process.stdout.isTTY ? 'pretty' : 'json');
+
+export function configureLogging(opts: { role?: string; level?: LogLevel; stdout?: boolean; format?: LogFormat }): void {
   if (opts.role) logger.defaultMeta = { ...logger.defaultMeta, role: opts.role };
   if (opts.level) logger.level = opts.level;
   if (opts.stdout !== undefined) stdoutTransport.silent = !opts.stdout;
+  if (opts.format) useFormat(opts.format);
 }
 
-/** Adds a sink receiving every formatted log line (tests use it to prove what never gets logged). */
+/** Adds a sink receiving every log line as JSON (tests use it to prove what never gets logged). */
 export function addLogSink(onLine: (line: string) => void): () => void {
   const transport = new winston.transports.Stream({
     level: 'debug',
+    format: winston.format.json(),
     stream: new Writable({
       write(chunk, _enc, done) {
         onLine(String(chunk));

@@ -1,15 +1,17 @@
 // Composition root: one Sarsen process with the parts its role asks for. Tests start it
 // in-process through the same function the command line uses.
 import http from 'node:http';
+import type { Express } from 'express';
 import type { AddressInfo } from 'node:net';
 import type { ServeOptions } from './config/config.ts';
 import type { Secrets } from './config/secrets.ts';
 import { createPool, type ConnectionConfig, type Pool } from './db/pool.ts';
-import { migrate, migrationsApplied } from './db/migrate.ts';
+import { migrate, migrationsApplied, schemaMissing } from './db/migrate.ts';
 import { createBus, type Bus } from './bus/bus.ts';
 import { createSettingsCache, type SettingsCache } from './config/settings.ts';
 import { createApp } from './http/app.ts';
 import { trackConnections } from './http/drain.ts';
+import { answerClientErrors } from './http/client-error.ts';
 import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
 import type { BaseDeps, Deps } from './deps.ts';
@@ -18,6 +20,9 @@ import { startExecutor, type Executor } from './executor/worker.ts';
 import { holdLivenessLock } from './db/recovery.ts';
 import { newId } from './core/ids.ts';
 import { createSubmitter } from './http/service/submitter.ts';
+import { countLiveRequests } from './db/requests.ts';
+import { registerPool, registerRequestStates } from './metrics/metrics.ts';
+import { openApiDocument } from './http/openapi/document.ts';
 
 export type SarsenOptions = Readonly<{
   conn: ConnectionConfig;
@@ -27,16 +32,23 @@ export type SarsenOptions = Readonly<{
 
 export type Sarsen = {
   url: string; // http://host:port of the bound listener
+  /** The express application (tests walk its router). */
+  app: Express;
   pool: Pool;
   bus: Bus;
   settings: SettingsCache;
   /** Graceful stop: refuse new work, let in-flight requests finish within the grace, release everything. */
   stop(): Promise<void>;
+  /** Resolves, with the reason, if a fault occurs that waiting cannot heal (the schema is gone). */
+  failed: Promise<string>;
 };
+
+// How often a process checks that its schema is still there.
+const SCHEMA_CHECK_MS = 5_000;
 
 export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
   const pool = createPool(opts.conn, { name: `sarsen-${opts.serve.role}` });
-  const cleanups: (() => Promise<void> | void)[] = [() => pool.end()];
+  const cleanups: (() => Promise<void> | void)[] = [() => pool.end(), registerPool('main', pool), registerRequestStates(() => countLiveRequests(pool))];
   const unwind = async () => {
     for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => logger.warn('cleanup failed', errorFields(err)));
   };
@@ -73,6 +85,8 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     cleanups.push(() => api.close());
     const app = createApp({
       routers: api.routers,
+      metricsToken: opts.secrets.metricsToken ?? null,
+      ...(opts.serve.role === 'executor' ? {} : { openapi: openApiDocument }),
       ready: async () => {
         await pool.query('SELECT 1');
         return migrationsApplied(pool);
@@ -80,6 +94,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     });
     const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
     const connections = trackConnections(server);
+    answerClientErrors(server);
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       // A deep accept queue (the kernel caps it at somaxconn): a burst of callers opening
@@ -94,6 +109,19 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const url = `http://${host}:${port}`;
     logger.info('sarsen listening', { url, role: opts.serve.role });
 
+    // Every other fault heals by waiting; a missing schema does not (a restart migrates it again).
+    const failed = new Promise<string>((resolve) => {
+      const check = setInterval(() => {
+        void schemaMissing(pool).then((missing) => {
+          if (!missing) return;
+          clearInterval(check);
+          resolve('the database answers but Sarsen\'s schema is missing; restart Sarsen to apply the migrations again');
+        });
+      }, SCHEMA_CHECK_MS);
+      check.unref();
+      cleanups.push(() => clearInterval(check));
+    });
+
     let stopping: Promise<void> | null = null;
     const stop = () =>
       (stopping ??= (async () => {
@@ -103,7 +131,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
         await unwind();
         logger.info('sarsen stopped');
       })());
-    return { url, pool, bus, settings, stop };
+    return { url, app, pool, bus, settings, stop, failed };
   } catch (err) {
     await unwind();
     throw err;

@@ -10,8 +10,9 @@ export type Captured = { text: string; values: unknown[] };
 export async function captureSql(fn: (pool: Pool) => Promise<unknown>): Promise<Captured[]> {
   const seen: Captured[] = [];
   const recorder = {
-    query: async (text: string, values: unknown[] = []) => {
-      seen.push({ text, values });
+    // Text and values, or a named statement's config object (see `prepared` in src/db/pool.ts).
+    query: async (query: string | { text: string; values?: unknown[] }, values: unknown[] = []) => {
+      seen.push(typeof query === 'string' ? { text: query, values } : { text: query.text, values: query.values ?? [] });
       return { rows: [], rowCount: 0 };
     },
   };

@@ -2,8 +2,9 @@
 // operator's (tenancy and owner straight into the database, as `sarsen tenancy create` does),
 // then filled with a large history written set-based, shaped the way the real write path leaves
 // it: request rows with ULID ids that sort by creation time, one ledger entry per request, and
-// the per-key hourly and all-time sharded counters that the submission, claim and outcome
-// statements keep (src/db/submissions.ts, src/db/requests.ts).
+// the per-key hourly and all-time sharded counters that the submission and outcome statements
+// keep (src/db/submissions.ts, src/db/attempts.ts): ledger events in the hour of the entry,
+// provider calls and tokens in the hour of the request's terminal write.
 //
 // Bodies, answers and frames are not stored: no measured read touches those tables, and the
 // storage counters are kept equal to the per-request byte columns instead of a recount.
@@ -86,7 +87,7 @@ export function base32Sql(v: string, digits: number): string {
 const REQUESTS = (ulid: string) => `
 INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
   status, attempts, prompt_tokens, completion_tokens, total_tokens, cost_micros, error_status,
-  request_bytes, response_bytes, chunk_bytes, created_at, started_at, finished_at)
+  request_bytes, response_bytes, chunk_bytes, created_at, started_at, finished_at, provider_reached)
 SELECT 'req_' || ${ulid}, $1, $2, ($3::text[])[1 + g % cardinality($3::text[])], $4, 'chat', g % 4 = 0, 'gpt-bench', 'gpt-bench',
        CASE WHEN g % 50 = 0 THEN 'failed' ELSE 'succeeded' END,
        CASE WHEN g % 40 = 0 THEN 2 ELSE 1 END,
@@ -97,7 +98,7 @@ SELECT 'req_' || ${ulid}, $1, $2, ($3::text[])[1 + g % cardinality($3::text[])],
        120 + g % 900,
        CASE WHEN g % 4 = 0 AND g % 50 <> 0 THEN 0 ELSE 300 + g % 1500 END,
        CASE WHEN g % 4 = 0 AND g % 50 <> 0 THEN 900 + g % 3000 ELSE 0 END,
-       t, t + interval '3 ms', t + make_interval(secs => (200 + g % 1800) / 1000.0)
+       t, t + interval '3 ms', t + make_interval(secs => (200 + g % 1800) / 1000.0), true
   FROM generate_series(1, $6::int) g,
        LATERAL (SELECT $7::bigint + (g - 1) * $8::bigint / $6::int AS ms, (random() * 1125899906842623)::bigint AS r) x,
        LATERAL (SELECT to_timestamp(x.ms / 1000.0) AS t) y`;
@@ -114,9 +115,14 @@ SELECT q.tenancy_id, q.namespace_id, q.api_key_id, q.id, 'execution', q.cost_mic
 const HOURLY = `
 INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, provider_calls,
   prompt_tokens, completion_tokens, total_tokens)
-SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at), ${SHARD} % ${KEY_SHARDS}, count(*), count(*) FILTER (WHERE q.attempts >= 1),
-       sum(q.prompt_tokens), sum(q.completion_tokens), sum(q.total_tokens)
-  FROM sarsen.requests q WHERE q.namespace_id = $1
+SELECT namespace_id, api_key_id, hour, shard, sum(events), sum(calls), sum(prompt), sum(completion), sum(total)
+  FROM (SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at) AS hour, ${SHARD} % ${KEY_SHARDS} AS shard,
+               1 AS events, 0 AS calls, NULL::bigint AS prompt, NULL::bigint AS completion, NULL::bigint AS total
+          FROM sarsen.requests q WHERE q.namespace_id = $1
+        UNION ALL
+        SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.finished_at), ${SHARD} % ${KEY_SHARDS},
+               0, 1, q.prompt_tokens, q.completion_tokens, q.total_tokens
+          FROM sarsen.requests q WHERE q.namespace_id = $1) AS e
  GROUP BY 1, 2, 3, 4`;
 
 // Upstream bytes: the body went out once per attempt; what came back is the stored answer.

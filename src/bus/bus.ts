@@ -7,11 +7,15 @@
 // their frames or answer attached; the NOTIFY echo of them is dropped.
 import type pg from 'pg';
 import type { ConnectionConfig } from '../db/pool.ts';
-import { createClient } from '../db/pool.ts';
+import { createClient, connectionFailed, databaseReached } from '../db/pool.ts';
 import { CHANNEL, decodeRequestEvents, type RequestEvent } from '../db/events.ts';
 import { logger, errorFields } from '../log.ts';
+import { countBusReconnect } from '../metrics/metrics.ts';
 
 export { CHANNEL };
+
+// Reconnect backoff ceiling: a database that is back is heard from within a second.
+const MAX_RECONNECT_MS = 1000;
 
 /** A control message; `k` is its routing key (`settings`, `api-key`, `routing`). */
 export type BusMessage = { k: string; [field: string]: unknown };
@@ -92,7 +96,7 @@ export function createBus(conn: ConnectionConfig, opts: { origin: string; onConn
       if (client !== c) return;
       client = null;
       c.end().catch(() => undefined);
-      if (!closed) schedule(Math.min(Math.max(delayMs * 2, 100), 5000));
+      if (!closed) schedule(Math.min(Math.max(delayMs * 2, 100), MAX_RECONNECT_MS));
     };
     c.on('error', lost);
     c.on('end', lost);
@@ -106,14 +110,16 @@ export function createBus(conn: ConnectionConfig, opts: { origin: string; onConn
       }
       client = c;
     } catch (err) {
-      logger.warn('event bus could not connect; retrying', errorFields(err));
+      connectionFailed('event bus could not connect; retrying', err);
       c.removeAllListeners('end');
       await c.end().catch(() => undefined);
-      schedule(Math.min(Math.max(delayMs * 2, 100), 5000));
+      schedule(Math.min(Math.max(delayMs * 2, 100), MAX_RECONNECT_MS));
       return;
     }
+    databaseReached();
     if (everConnected) {
       logger.info('event bus reconnected');
+      countBusReconnect();
       for (const h of reconnectHandlers) h();
     }
     everConnected = true;

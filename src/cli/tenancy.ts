@@ -111,6 +111,8 @@ export function firstRunBanner(first: FirstRun, url: string): string {
     '',
     `password: ${first.password}`,
     '',
+    `Console:  ${url}/console/  (tenancy "${first.tenancy}", email ${first.email}, the password above)`,
+    '',
     `Sign in:  curl -s -X POST ${url}/${first.tenancy}/v1/sessions -H 'content-type: application/json' \\`,
     `            -d '{"email":"${first.email}","password":"<the password above>"}'`,
     `then choose a new password: POST ${url}/${first.tenancy}/v1/account/password.`,

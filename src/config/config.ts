@@ -4,6 +4,7 @@
 import { parseArgs } from 'node:util';
 import path from 'node:path';
 import { z } from 'zod';
+import { LOG_LEVELS, type LogLevel } from '../log.ts';
 
 export const ROLES = ['api', 'executor', 'both'] as const;
 export type Role = (typeof ROLES)[number];
@@ -23,6 +24,7 @@ export type Environment = Readonly<{
   database: DatabaseTarget | null; // null: embedded PostgreSQL under dataDir
   dataDir: string;
   secretsDir: string;
+  logLevel: LogLevel;
 }>;
 
 const port = z.coerce.number().int().min(0).max(65535);
@@ -35,6 +37,7 @@ const envSchema = z.object({
   CTX_DATABASE_NAME: nonEmpty.default('sarsen'),
   CTX_SECRETS_DIR: nonEmpty.optional(),
   CTX_DATA_DIR: nonEmpty.default('.sarsen'),
+  CTX_LOG_LEVEL: z.enum(LOG_LEVELS).default('info'),
 });
 
 export class ConfigError extends Error {
@@ -55,7 +58,7 @@ export function readEnvironment(env: NodeJS.ProcessEnv = process.env): Environme
     : null;
   // Embedded mode keeps its generated dev secrets beside its data; a real deployment mounts them.
   const secretsDir = path.resolve(e.CTX_SECRETS_DIR ?? (database ? '/run/secrets/sarsen' : path.join(dataDir, 'secrets')));
-  return Object.freeze({ database: database && Object.freeze(database), dataDir, secretsDir });
+  return Object.freeze({ database: database && Object.freeze(database), dataDir, secretsDir, logLevel: e.CTX_LOG_LEVEL });
 }
 
 const serveSchema = z.object({
@@ -66,7 +69,7 @@ const serveSchema = z.object({
   executorConcurrency: z.coerce.number().int().min(1).max(100_000),
 });
 
-export type ParsedCommand = Readonly<{ command: string[]; serve: ServeOptions; owner?: string }>;
+export type ParsedCommand = Readonly<{ command: string[]; serve: ServeOptions; owner?: string; apply: { prune: boolean; dryRun: boolean } }>;
 
 /** Splits argv into a sub-command (words) and the serve flags. `sarsen` alone means `sarsen serve`. */
 export function parseCommandLine(argv: string[], embedded: boolean): ParsedCommand {
@@ -83,6 +86,8 @@ export function parseCommandLine(argv: string[], embedded: boolean): ParsedComma
         host: { type: 'string' },
         'executor-concurrency': { type: 'string', default: '1024' },
         owner: { type: 'string' },
+        prune: { type: 'boolean', default: false },
+        'dry-run': { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h', default: false },
       },
     });
@@ -100,5 +105,5 @@ export function parseCommandLine(argv: string[], embedded: boolean): ParsedComma
   if (!serve.success) throw new ConfigError(`Invalid flags: ${formatIssues(serve.error)}`);
   const command = parsed.positionals.length > 0 ? parsed.positionals : ['serve'];
   if (v.help) command.splice(0, command.length, 'help');
-  return Object.freeze({ command, serve: Object.freeze(serve.data), owner: v.owner });
+  return Object.freeze({ command, serve: Object.freeze(serve.data), owner: v.owner, apply: { prune: v.prune, dryRun: v['dry-run'] } });
 }

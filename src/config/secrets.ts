@@ -8,6 +8,8 @@ export type Secrets = Readonly<{
   credentialKey: Buffer;
   apiKeyHashKey: Buffer;
   databasePassword: string;
+  /** Optional: when the file `metrics-token` exists, GET /metrics needs it as a bearer token. */
+  metricsToken?: string;
 }>;
 
 export const SECRET_FILES = ['credential-key', 'api-key-hash-key', 'database-password'] as const;
@@ -34,10 +36,12 @@ function readSecret(dir: string, name: string, minBytes: number): Buffer {
 }
 
 export function readSecrets(dir: string): Secrets {
+  const metricsToken = fs.existsSync(path.join(dir, 'metrics-token')) ? readSecret(dir, 'metrics-token', MIN_PASSWORD_BYTES).toString('utf8') : undefined;
   return Object.freeze({
     credentialKey: readSecret(dir, 'credential-key', MIN_KEY_BYTES),
     apiKeyHashKey: readSecret(dir, 'api-key-hash-key', MIN_KEY_BYTES),
     databasePassword: readSecret(dir, 'database-password', MIN_PASSWORD_BYTES).toString('utf8'),
+    ...(metricsToken === undefined ? {} : { metricsToken }),
   });
 }
 

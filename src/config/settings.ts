@@ -31,6 +31,10 @@ export const SETTING_SCHEMAS = {
   reroute_ceiling: z.number().int().min(1).max(1000),
   metering_enabled: z.boolean(),
   request_fee_micros: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+  sign_in_failures_per_account: z.number().int().min(1).max(1_000_000),
+  sign_in_failures_per_address: z.number().int().min(1).max(1_000_000_000),
+  sign_in_window_ms: ms(1000, 7 * DAY_MS),
+  trusted_proxy_hops: z.number().int().min(0).max(16),
 } as const;
 
 export type SettingName = keyof typeof SETTING_SCHEMAS;
@@ -59,7 +63,7 @@ export function parseSettings(raw: Record<string, unknown>): Settings {
 }
 
 /** Parses a command-line value ("30000", "true") for one setting and validates it. */
-export function parseSettingValue(name: string, text: string): Settings[SettingName] {
+function parseSettingValue(name: string, text: string): Settings[SettingName] {
   if (!isSettingName(name)) throw new SettingError(`Unknown setting ${JSON.stringify(name)}. Known: ${Object.keys(SETTING_SCHEMAS).join(', ')}`);
   let value: unknown;
   try {

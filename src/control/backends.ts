@@ -17,6 +17,9 @@ export type AddressVerdict = { ok: true; address: string; hostname: string } | {
  * slash so `{address}/chat/completions` and `{address}/v1/messages` join cleanly.
  */
 export function normaliseBackendAddress(input: string): AddressVerdict {
+  // The URL parser would quietly strip them at either end; a caller sending one has a bug.
+  // eslint-disable-next-line no-control-regex
+  if (/[\u0000-\u001f\u007f]/.test(input)) return { ok: false, reason: 'must not contain control characters' };
   let url: URL;
   try {
     url = new URL(input);

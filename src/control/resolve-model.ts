@@ -29,6 +29,7 @@ function toRule(entry: RoutingEntry): Rule {
     rule_id: r.id,
     model: r.model,
     backend_id: r.backend_id,
+    fallback_backend_ids: r.fallback_backend_ids,
     rewrite_model: r.rewrite_model,
     priority: r.priority,
     action: r.action,

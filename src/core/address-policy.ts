@@ -9,51 +9,47 @@ import { lookup as dnsLookup, promises as dnsPromises } from 'node:dns';
 import type { LookupAddress } from 'node:dns';
 import { isIPv6 } from 'node:net';
 import type { LookupFunction } from 'node:net';
+import ipaddr from 'ipaddr.js';
 
 export const HOST_REFUSED_CODE = 'SARSEN_HOST_REFUSED';
 
-type V4Range = { base: number; bits: number; label: string };
-type V6Range = { prefix: number[]; bits: number; label: string };
+type Cidr<T extends ipaddr.IPv4 | ipaddr.IPv6> = [T, number];
+const v4 = (cidr: string) => ipaddr.IPv4.parseCIDR(cidr);
+const v6 = (cidr: string) => ipaddr.IPv6.parseCIDR(cidr);
 
-function v4(a: number, b: number, c: number, d: number, bits: number, label: string): V4Range {
-  return { base: ((a << 24) | (b << 16) | (c << 8) | d) >>> 0, bits, label };
-}
-
-const V4_REFUSED: readonly V4Range[] = [
-  v4(255, 255, 255, 255, 32, 'broadcast'),
-  v4(0, 0, 0, 0, 8, 'unspecified'),
-  v4(10, 0, 0, 0, 8, 'private'),
-  v4(100, 64, 0, 0, 10, 'shared (CGNAT)'),
-  v4(127, 0, 0, 0, 8, 'loopback'),
-  v4(169, 254, 0, 0, 16, 'link-local'),
-  v4(172, 16, 0, 0, 12, 'private'),
-  v4(192, 0, 0, 0, 24, 'reserved (IETF protocol assignments)'),
-  v4(192, 168, 0, 0, 16, 'private'),
-  v4(198, 18, 0, 0, 15, 'reserved (benchmarking)'),
-  v4(224, 0, 0, 0, 4, 'multicast'),
-  v4(240, 0, 0, 0, 4, 'reserved'),
+const V4_REFUSED: readonly (readonly [Cidr<ipaddr.IPv4>, string])[] = [
+  [v4('255.255.255.255/32'), 'broadcast'],
+  [v4('0.0.0.0/8'), 'unspecified'],
+  [v4('10.0.0.0/8'), 'private'],
+  [v4('100.64.0.0/10'), 'shared (CGNAT)'],
+  [v4('127.0.0.0/8'), 'loopback'],
+  [v4('169.254.0.0/16'), 'link-local'],
+  [v4('172.16.0.0/12'), 'private'],
+  [v4('192.0.0.0/24'), 'reserved (IETF protocol assignments)'],
+  [v4('192.168.0.0/16'), 'private'],
+  [v4('198.18.0.0/15'), 'reserved (benchmarking)'],
+  [v4('224.0.0.0/4'), 'multicast'],
+  [v4('240.0.0.0/4'), 'reserved'],
 ];
 
-// Prefixes as 16-bit groups; ranges whose verdict comes from an embedded IPv4 address
-// are handled in v6Reason, not here.
-const V6_REFUSED: readonly V6Range[] = [
-  { prefix: [0, 0, 0, 0, 0, 0, 0, 0], bits: 128, label: 'unspecified' },
-  { prefix: [0, 0, 0, 0, 0, 0, 0, 1], bits: 128, label: 'loopback' },
-  { prefix: [0x64, 0xff9b, 1], bits: 48, label: 'private (local-use NAT64)' },
-  { prefix: [0xfc00], bits: 7, label: 'private (unique local)' },
-  { prefix: [0xfe80], bits: 10, label: 'link-local' },
-  { prefix: [0xfec0], bits: 10, label: 'private (site-local)' },
-  { prefix: [0xff00], bits: 8, label: 'multicast' },
+// Ranges whose verdict comes from an embedded IPv4 address are in V6_EMBEDDINGS, not here.
+const V6_REFUSED: readonly (readonly [Cidr<ipaddr.IPv6>, string])[] = [
+  [v6('::/128'), 'unspecified'],
+  [v6('::1/128'), 'loopback'],
+  [v6('64:ff9b:1::/48'), 'private (local-use NAT64)'],
+  [v6('fc00::/7'), 'private (unique local)'],
+  [v6('fe80::/10'), 'link-local'],
+  [v6('fec0::/10'), 'private (site-local)'],
+  [v6('ff00::/8'), 'multicast'],
 ];
 
-// Where an IPv4 address sits inside an IPv6 one: prefix groups and the group index of its
-// first half.
-const V6_EMBEDDINGS: readonly { prefix: number[]; bits: number; at: number; name: string }[] = [
-  { prefix: [0, 0, 0, 0, 0, 0xffff], bits: 96, at: 6, name: 'v4-mapped' },
-  { prefix: [0, 0, 0, 0, 0xffff, 0], bits: 96, at: 6, name: 'v4-translated' },
-  { prefix: [0, 0, 0, 0, 0, 0], bits: 96, at: 6, name: 'v4-compatible' },
-  { prefix: [0x64, 0xff9b, 0, 0, 0, 0], bits: 96, at: 6, name: 'NAT64' },
-  { prefix: [0x2002], bits: 16, at: 1, name: '6to4' },
+// Where an IPv4 address sits inside an IPv6 one: the prefix, and the byte offset of the IPv4 address.
+const V6_EMBEDDINGS: readonly { cidr: Cidr<ipaddr.IPv6>; at: number; name: string }[] = [
+  { cidr: v6('::ffff:0:0/96'), at: 12, name: 'v4-mapped' },
+  { cidr: v6('::ffff:0:0:0/96'), at: 12, name: 'v4-translated' },
+  { cidr: v6('::/96'), at: 12, name: 'v4-compatible' },
+  { cidr: v6('64:ff9b::/96'), at: 12, name: 'NAT64' },
+  { cidr: v6('2002::/16'), at: 2, name: '6to4' },
 ];
 
 /**
@@ -61,90 +57,46 @@ const V6_EMBEDDINGS: readonly { prefix: number[]; bits: number; at: number; name
  * octal (leading 0) or hex (0x), the last part filling the remaining bytes. `127.1`
  * and `0x7f000001` are both loopback to the resolver, so they must be to us too.
  */
+function parseV4(s: string): ipaddr.IPv4 | null {
+  const text = s.endsWith('.') ? s.slice(0, -1) : s; // a trailing dot is a rooted name
+  try {
+    return ipaddr.IPv4.parse(text);
+  } catch {
+    return null;
+  }
+}
+
+/** IPv6 text (zero compression, embedded IPv4 tail, zone id), only as Node itself would connect to it. */
+function parseV6(s: string): ipaddr.IPv6 | null {
+  if (!isIPv6(s)) return null;
+  try {
+    return ipaddr.IPv6.parse(s);
+  } catch {
+    return null;
+  }
+}
+
+/** The IPv4 address as a 32-bit number, or null. */
 export function parseIPv4(s: string): number | null {
-  const parts = s.split('.');
-  if (parts.length > 1 && parts[parts.length - 1] === '') parts.pop();
-  if (parts.length === 0 || parts.length > 4) return null;
-  const nums: number[] = [];
-  for (const part of parts) {
-    let n: number;
-    if (/^0[xX][0-9a-fA-F]*$/.test(part)) n = part.length === 2 ? 0 : parseInt(part.slice(2), 16);
-    else if (/^0[0-7]+$/.test(part)) n = parseInt(part.slice(1), 8);
-    else if (/^(0|[1-9][0-9]*)$/.test(part)) n = Number(part);
-    else return null;
-    if (!Number.isSafeInteger(n)) return null;
-    nums.push(n);
-  }
-  const last = nums.pop() as number;
-  if (nums.some((n) => n > 255) || last >= 256 ** (4 - nums.length)) return null;
-  let value = last;
-  nums.forEach((n, i) => { value += n * 256 ** (3 - i); });
-  return value >>> 0;
+  const a = parseV4(s);
+  return a === null ? null : a.octets.reduce((n, o) => n * 256 + o, 0);
 }
 
-/** IPv6 text (zero compression, embedded IPv4 tail, zone id) to eight 16-bit groups. */
+/** The IPv6 address as eight 16-bit groups, or null. */
 export function parseIPv6(s: string): number[] | null {
-  const zone = s.indexOf('%');
-  const text = zone >= 0 ? s.slice(0, zone) : s;
-  if (zone >= 0 && zone === s.length - 1) return null;
-  const halves = text.split('::');
-  if (halves.length > 2) return null;
-  const toGroups = (part: string, allowV4Tail: boolean): number[] | null => {
-    if (part === '') return [];
-    const fields = part.split(':');
-    const groups: number[] = [];
-    for (let i = 0; i < fields.length; i++) {
-      const f = fields[i];
-      if (allowV4Tail && i === fields.length - 1 && f.includes('.')) {
-        if (!/^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$/.test(f)) return null;
-        const [a, b, c, d] = f.split('.').map(Number);
-        groups.push((a << 8) | b, (c << 8) | d);
-      } else if (/^[0-9a-fA-F]{1,4}$/.test(f)) {
-        groups.push(parseInt(f, 16));
-      } else {
-        return null;
-      }
-    }
-    return groups;
-  };
-  if (halves.length === 1) {
-    const groups = toGroups(text, true);
-    return groups !== null && groups.length === 8 ? groups : null;
-  }
-  const head = toGroups(halves[0], false);
-  const tail = toGroups(halves[1], true);
-  if (head === null || tail === null || head.length + tail.length > 7) return null;
-  return [...head, ...new Array<number>(8 - head.length - tail.length).fill(0), ...tail];
+  return parseV6(s)?.parts ?? null;
 }
 
-function v4Text(n: number): string {
-  return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
-}
-
-function v4Reason(n: number): string | null {
-  for (const r of V4_REFUSED) {
-    const mask = r.bits === 0 ? 0 : (~0 << (32 - r.bits)) >>> 0;
-    if (((n & mask) >>> 0) === r.base) return `${v4Text(n)} is a ${r.label} address`;
-  }
+function v4Reason(a: ipaddr.IPv4): string | null {
+  for (const [cidr, label] of V4_REFUSED) if (a.match(cidr)) return `${a.toString()} is a ${label} address`;
   return null;
 }
 
-function v6HasPrefix(groups: readonly number[], prefix: readonly number[], bits: number): boolean {
-  for (let i = 0; i * 16 < bits; i++) {
-    const take = Math.min(16, bits - i * 16);
-    const mask = (0xffff << (16 - take)) & 0xffff;
-    if ((groups[i] & mask) !== ((prefix[i] ?? 0) & mask)) return false;
-  }
-  return true;
-}
-
-function v6Reason(groups: readonly number[], text: string): string | null {
-  for (const r of V6_REFUSED) {
-    if (v6HasPrefix(groups, r.prefix, r.bits)) return `${text} is a ${r.label} address`;
-  }
+function v6Reason(a: ipaddr.IPv6, text: string): string | null {
+  for (const [cidr, label] of V6_REFUSED) if (a.match(cidr)) return `${text} is a ${label} address`;
   for (const e of V6_EMBEDDINGS) {
-    if (!v6HasPrefix(groups, e.prefix, e.bits)) continue;
-    const inner = ((groups[e.at] << 16) | groups[e.at + 1]) >>> 0;
+    if (!a.match(e.cidr)) continue;
+    const inner = new ipaddr.IPv4(a.toByteArray().slice(e.at, e.at + 4));
     const reason = v4Reason(inner);
     return reason === null ? null : `${text} is ${e.name} and embeds ${reason}`;
   }
@@ -158,11 +110,11 @@ function v6Reason(groups: readonly number[], text: string): string | null {
 export function refusalReason(ip: string): string | null {
   const text = ip.trim();
   if (text.includes(':')) {
-    const groups = parseIPv6(text);
-    return groups === null ? `${JSON.stringify(text)} is not an IP address` : v6Reason(groups, text);
+    const a = parseV6(text);
+    return a === null ? `${JSON.stringify(text)} is not an IP address` : v6Reason(a, text);
   }
-  const n = parseIPv4(text);
-  return n === null ? `${JSON.stringify(text)} is not an IP address` : v4Reason(n);
+  const a = parseV4(text);
+  return a === null ? `${JSON.stringify(text)} is not an IP address` : v4Reason(a);
 }
 
 /** True when a backend must not connect to this address. */
@@ -174,7 +126,7 @@ export type HostLookup = (host: string, options: { all: true }) => Promise<reado
 export type HostVerdict = { ok: true; addresses: string[] } | { ok: false; reason: string };
 
 function isLiteral(host: string): boolean {
-  return host.includes(':') || parseIPv4(host) !== null;
+  return host.includes(':') || parseV4(host) !== null;
 }
 
 /**

@@ -36,8 +36,16 @@ export const ERROR_CODES = {
     message: 'The backend address points inside the deployment\'s own network.',
   },
   passthrough_disabled: { status: 422, message: 'Caller-credential backends are not available here.' },
+  // An addition to SPEC.md's table: the sign-in throttle.
+  too_many_attempts: { status: 429, message: 'Too many sign-in attempts; try again after the time in Retry-After.' },
+  // An addition to SPEC.md's table (issue 18): the stored error of a request cancelled by
+  // POST /requests/{id}/cancel. 499, not a 409 or 5xx, so the official SDKs do not resubmit it.
+  cancelled: { status: 499, message: 'The request was cancelled.' },
   internal: { status: 500, message: 'Internal error.' },
   upstream_failed: { status: 502, message: 'The provider could not be reached.' },
+  // Not in SPEC.md's table: the database is unreachable for a moment (an outage or restart).
+  // Nothing was accepted; the official SDKs retry a 503 on their own, after Retry-After.
+  unavailable: { status: 503, message: 'The service cannot reach its database for a moment; retry shortly.' },
   held_too_long: { status: 504, message: 'Gave up waiting; the execution continues.' },
   loop_detected: { status: 508, message: 'The submission arrived at the re-route ceiling.' },
 } as const satisfies Record<string, { status: number; message: string }>;

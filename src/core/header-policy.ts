@@ -13,6 +13,12 @@
 // A forwarded value longer than 4,096 bytes, or holding a control character
 // (0x00-0x1F, tab included, or 0x7F), is dropped whole: a truncated value could
 // silently change meaning.
+//
+// Values are byte strings: node hands each header byte over as one latin1 character
+// (U+0000-U+00FF), and undici writes header strings back as latin1. So a value's length
+// is its size on the wire, and forwarding the string sends the bytes that arrived,
+// whatever their encoding. A character above U+00FF cannot have come off the wire (and
+// would not survive latin1): such a value is not forwarded.
 import type { Dialect } from './tokens.ts';
 
 export const ANTHROPIC_VERSION = '2023-06-01';
@@ -21,7 +27,8 @@ export const HOPS_HEADER = 'x-sarsen-hops';
 
 const VENDOR_PREFIX = 'anthropic-';
 const CHAT_VENDOR_HEADERS: ReadonlySet<string> = new Set(['openai-beta', 'openai-organization', 'openai-project']);
-const CONTROL_CHAR = /[\x00-\x1f\x7f]/;
+// A control character, or a character that is not one byte (see above).
+const NOT_FORWARDABLE_CHAR = /[\x00-\x1f\x7f\u0100-\uffff]/;
 
 /** Whether a header (by lower-cased name) is one the provider may receive from the caller. */
 export function isForwardableName(lowerName: string): boolean {
@@ -29,11 +36,12 @@ export function isForwardableName(lowerName: string): boolean {
   return lowerName.startsWith(VENDOR_PREFIX) && lowerName !== 'anthropic-version';
 }
 
-/** Whether a header value may be sent on: at most 4,096 UTF-8 bytes and no control character. */
+/**
+ * Whether a header value (a byte string, as node hands it over) may be sent on: at most
+ * 4,096 bytes, no control character.
+ */
 export function isForwardableValue(value: string): boolean {
-  // value.length <= 4096 is checked first only to skip the byte count on huge values.
-  if (value.length > MAX_FORWARDED_VALUE_BYTES) return false;
-  return Buffer.byteLength(value, 'utf8') <= MAX_FORWARDED_VALUE_BYTES && !CONTROL_CHAR.test(value);
+  return value.length <= MAX_FORWARDED_VALUE_BYTES && !NOT_FORWARDABLE_CHAR.test(value);
 }
 
 /**

@@ -113,6 +113,15 @@ export function idTime(id: string): number {
 }
 
 /**
+ * The smallest id with the given prefix made at `ms` (clamped to the ULID range): every id
+ * made at `ms` or later sorts at or above it, every one made earlier below it.
+ */
+export function firstIdAt(prefix: IdPrefix, ms: number): string {
+  const t = Math.min(MAX_TIME, Math.max(0, Math.floor(ms)));
+  return `${prefix}_${encodeTime(t)}${'0'.repeat(RANDOM_LEN)}`;
+}
+
+/**
  * `length` characters drawn uniformly from `alphabet` with the CSPRNG. Bytes at or above
  * the largest multiple of the alphabet size are rejected, so no character is favoured.
  */

@@ -14,6 +14,8 @@ export type Rule = {
   rule_id: string;
   model: string;
   backend_id: string | null;
+  /** Tried in order after a retryable failure on the backend before. */
+  fallback_backend_ids: readonly string[];
   rewrite_model: string | null;
   priority: number;
   action: RuleAction;
@@ -61,7 +63,7 @@ function createdMs(v: Rule['created_at']): number {
 }
 
 // Precedence among rules that all match; negative when `a` wins.
-export function compareRules(a: Rule, b: Rule): number {
+function compareRules(a: Rule, b: Rule): number {
   const exactA = !isPattern(a.model);
   const exactB = !isPattern(b.model);
   if (exactA !== exactB) return exactA ? -1 : 1;

@@ -4,7 +4,8 @@
 // lines written in front, so the frames must concatenate back to exactly the
 // bytes the provider sent. That rules out any parser that decodes, normalises
 // line endings or drops comments: this framer only finds boundaries and never
-// changes a byte. eventsource-parser is for *reading* events (see tokens.ts).
+// changes a byte. Token usage is read from the frames by tokens.ts, which needs only each
+// frame's data.
 //
 // Rules:
 // - A line ends at `\n`, `\r\n` or bare `\r`; they may be mixed in one stream.

@@ -1,6 +1,9 @@
 // Reading the accounts: the request listing, usage, storage, and the tenancy's billing ledger.
 // Every read is index-backed and costs the same on a namespace of any size.
 import type { Pool } from './pool.ts';
+import { prepared } from './pool.ts';
+import { firstIdAt } from '../core/ids.ts';
+import type { ListingFilter } from '../core/listing-filter.ts';
 
 export type ListingRow = {
   id: string;
@@ -24,20 +27,50 @@ export type ListingRow = {
   expired: boolean;
 };
 
-/** Newest first; `before` is the last id of the previous page (ids sort by creation time). */
-export async function listRequests(pool: Pool, namespaceId: string, before: string | null, limit: number): Promise<ListingRow[]> {
-  const { rows } = await pool.query<ListingRow>(
-    `SELECT q.id, q.status, q.model, q.dialect, q.streaming, q.api_key_id, k.prefix AS api_key_prefix, q.backend_id,
+const LISTING_SELECT = `SELECT q.id, q.status, q.model, q.dialect, q.streaming, q.api_key_id, k.prefix AS api_key_prefix, q.backend_id,
             q.prompt_tokens, q.completion_tokens, q.total_tokens, q.cost_micros,
             q.request_bytes + q.response_bytes + q.chunk_bytes AS stored_bytes,
             q.attempts, q.recoveries, q.created_at, q.started_at, q.finished_at, q.expired
-       FROM sarsen.requests q LEFT JOIN sarsen.api_keys k ON k.id = q.api_key_id
-      WHERE q.namespace_id = $1 AND ($2::text IS NULL OR q.id < $2)
-      ORDER BY q.id DESC
-      LIMIT $3`,
-    [namespaceId, before, limit],
-  );
+       FROM sarsen.requests q LEFT JOIN sarsen.api_keys k ON k.id = q.api_key_id`;
+
+// How far a request's id (the clock of the process that accepted it) and its created_at (the
+// database's clock) may disagree. The time range filters created_at exactly; the id range
+// widened by this much only lets the scan start and stop in the namespace's id index.
+const CLOCK_SLACK_MS = 5 * 60_000;
+
+/**
+ * Newest first; `before` is the last id of the previous page (ids sort by creation time).
+ * Filters only add terms: each indexed through migration 014 (key, model, failed) or the
+ * pending/running partial indexes, the time range through the id index.
+ */
+export async function listRequests(pool: Pool, namespaceId: string, before: string | null, limit: number, filter: ListingFilter = {}): Promise<ListingRow[]> {
+  const params: unknown[] = [namespaceId];
+  const where = ['q.namespace_id = $1'];
+  const term = (sql: (p: string) => string, value: unknown) => {
+    params.push(value);
+    where.push(sql(`$${params.length}`));
+  };
+  if (before !== null) term((p) => `q.id < ${p}`, before);
+  if (filter.status !== undefined) term((p) => `q.status = ${p}`, filter.status);
+  if (filter.model !== undefined) term((p) => `q.model = ${p}`, filter.model);
+  if (filter.api_key_id !== undefined) term((p) => `q.api_key_id = ${p}`, filter.api_key_id);
+  if (filter.created_since !== undefined) {
+    term((p) => `q.created_at >= ${p}`, filter.created_since);
+    term((p) => `q.id >= ${p}`, firstIdAt('req', filter.created_since.getTime() - CLOCK_SLACK_MS));
+  }
+  if (filter.created_before !== undefined) {
+    term((p) => `q.created_at < ${p}`, filter.created_before);
+    term((p) => `q.id < ${p}`, firstIdAt('req', filter.created_before.getTime() + CLOCK_SLACK_MS));
+  }
+  params.push(limit);
+  const { rows } = await pool.query<ListingRow>(`${LISTING_SELECT} WHERE ${where.join(' AND ')} ORDER BY q.id DESC LIMIT $${params.length}`, params);
   return rows;
+}
+
+/** One request's listing row, kept after the sweep like the listing's; null when unknown. */
+export async function listingRow(pool: Pool, namespaceId: string, id: string): Promise<ListingRow | null> {
+  const { rows } = await pool.query<ListingRow>(`${LISTING_SELECT} WHERE q.namespace_id = $1 AND q.id = $2`, [namespaceId, id]);
+  return rows[0] ?? null;
 }
 
 export type Totals = {
@@ -75,18 +108,48 @@ export type KeyUsage = {
   total_tokens: number | null;
 };
 
-/** Per-key figures from the hourly rollup, over hours starting at or after `since`. */
+const USAGE_BY_KEY = prepared(
+  'sarsen_usage_by_key',
+  `WITH edge AS (
+  -- The first hour at or after \`since\`, as date_trunc counts hours: the counters use it too.
+  SELECT CASE WHEN date_trunc('hour', $2::timestamptz) = $2::timestamptz THEN $2::timestamptz
+              ELSE date_trunc('hour', $2::timestamptz) + interval '1 hour' END AS hour
+), events AS (
+  SELECT h.api_key_id, h.ledger_events, h.provider_calls, h.prompt_tokens, h.completion_tokens, h.total_tokens
+    FROM sarsen.key_usage_hourly h, edge
+   WHERE h.namespace_id = $1 AND h.hour >= edge.hour
+  UNION ALL
+  -- The part of since's hour inside the window, from the events the hourly rows were added
+  -- from, at the same instants: each ledger entry at its creation...
+  SELECT l.api_key_id, 1, 0, NULL, NULL, NULL
+    FROM sarsen.ledger l, edge
+   WHERE l.namespace_id = $1 AND l.created_at >= $2 AND l.created_at < edge.hour AND l.api_key_id IS NOT NULL
+  UNION ALL
+  -- ...and a request's provider call and tokens at its terminal write.
+  SELECT q.api_key_id, 0, CASE WHEN q.provider_reached THEN 1 ELSE 0 END,
+         CASE WHEN q.status = 'succeeded' THEN q.prompt_tokens END,
+         CASE WHEN q.status = 'succeeded' THEN q.completion_tokens END,
+         CASE WHEN q.status = 'succeeded' THEN q.total_tokens END
+    FROM sarsen.requests q, edge
+   WHERE q.namespace_id = $1 AND q.status IN ('succeeded', 'failed') AND q.finished_at >= $2 AND q.finished_at < edge.hour
+     AND q.api_key_id IS NOT NULL AND (q.status = 'succeeded' OR q.provider_reached)
+)
+SELECT api_key_id, sum(ledger_events)::bigint AS ledger_events, sum(provider_calls)::bigint AS provider_calls,
+       sum(prompt_tokens)::bigint AS prompt_tokens, sum(completion_tokens)::bigint AS completion_tokens,
+       sum(total_tokens)::bigint AS total_tokens
+  FROM events
+ GROUP BY api_key_id
+ ORDER BY api_key_id`,
+);
+
+/**
+ * Per-key figures over the window from `since` (exact to the millisecond) to now: whole hours
+ * from the hourly rollup, and the rest of the hour `since` falls in from the ledger and the
+ * request rows (an index range over at most that hour). A token sum is null when nothing in
+ * the window reported one.
+ */
 export async function usageByKey(pool: Pool, namespaceId: string, since: Date): Promise<KeyUsage[]> {
-  const { rows } = await pool.query<KeyUsage>(
-    `SELECT api_key_id, sum(ledger_events)::bigint AS ledger_events, sum(provider_calls)::bigint AS provider_calls,
-            sum(prompt_tokens)::bigint AS prompt_tokens, sum(completion_tokens)::bigint AS completion_tokens,
-            sum(total_tokens)::bigint AS total_tokens
-       FROM sarsen.key_usage_hourly
-      WHERE namespace_id = $1 AND hour >= $2
-      GROUP BY api_key_id
-      ORDER BY api_key_id`,
-    [namespaceId, since],
-  );
+  const { rows } = await pool.query<KeyUsage>(USAGE_BY_KEY([namespaceId, since]));
   return rows;
 }
 

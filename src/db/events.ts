@@ -14,22 +14,24 @@ export type RequestEvent =
   /** The request moved to `status`. `answer` (in memory, same process only): its terminal answer. */
   | { type: 'state'; requestId: string; status: RequestStatus; answer?: Answer }
   /** The attempt readers were following was discarded (its worker died or handed it back). */
-  | { type: 'superseded'; requestId: string };
+  | { type: 'superseded'; requestId: string }
+  /** A cancel was asked for: the process holding the request's attempt aborts it. */
+  | { type: 'cancel'; requestId: string };
 
 // Wire format: `R <origin> [[request id, code, argument], ...]`. Control messages on the
 // same channel are JSON objects, so the first byte tells them apart, and a process can drop
 // its own echo by the prefix alone, without parsing it.
-const CODE = { frames: 'f', state: 's', superseded: 'x' } as const;
+const CODE = { frames: 'f', state: 's', superseded: 'x', cancel: 'c' } as const;
 // Request ids are ~30 characters: 100 events keep a payload well under NOTIFY's 8000 bytes.
 const PER_PAYLOAD = 100;
 
 /**
  * SQL (a SELECT, for a CTE) that NOTIFYs request events. `rows` is a query yielding
- * `request_id`, `event` ('frames', 'state' or 'superseded') and `arg` (the sequence number
+ * `request_id`, `event` ('frames', 'state', 'superseded' or 'cancel') and `arg` (the sequence number
  * or the status, as text); `origin` is the SQL of the producing process's tag.
  */
 export function notifyEvents(rows: string, origin: string): string {
-  const code = `CASE ev.event WHEN 'frames' THEN '${CODE.frames}' WHEN 'state' THEN '${CODE.state}' ELSE '${CODE.superseded}' END`;
+  const code = `CASE ev.event WHEN 'frames' THEN '${CODE.frames}' WHEN 'state' THEN '${CODE.state}' WHEN 'cancel' THEN '${CODE.cancel}' ELSE '${CODE.superseded}' END`;
   return `SELECT pg_notify('${CHANNEL}', 'R ' || ${origin}::text || ' ' || json_agg(json_build_array(request_id, code, arg))::text)
     FROM (SELECT ev.request_id, ${code} AS code, ev.arg::text AS arg, (row_number() OVER ()) / ${PER_PAYLOAD} AS grp
             FROM (${rows}) AS ev) AS g
@@ -61,6 +63,7 @@ export function decodeRequestEvents(payload: string, self: string): RequestEvent
     else if (code === CODE.state && typeof arg === 'string' && STATUSES.includes(arg)) {
       events.push({ type: 'state', requestId, status: arg as RequestStatus });
     } else if (code === CODE.superseded) events.push({ type: 'superseded', requestId });
+    else if (code === CODE.cancel) events.push({ type: 'cancel', requestId });
   }
   return events;
 }

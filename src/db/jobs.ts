@@ -10,6 +10,8 @@
 // own rows. The columns written are those add_jobs writes; the integration tests read the
 // result back through graphile-worker's public `jobs` view.
 
+import type { Pool } from './pool.ts';
+
 export const EXECUTE_REQUEST = 'execute_request';
 const MAX_ATTEMPTS = 25;
 
@@ -50,6 +52,27 @@ export function insertBackstopJobsSql(rows: string): string {
 /** SQL (a data-modifying CTE body) removing the backstop jobs `ids` (a bigint[] expression) names, unless a worker holds them. */
 export function removeBackstopJobsSql(ids: string): string {
   return `DELETE FROM graphile_worker._private_jobs AS jobs WHERE jobs.id = ANY(${ids}) AND jobs.locked_at IS NULL RETURNING 1`;
+}
+
+/**
+ * SQL deleting every job of the requests `ids` (a text[] expression) names, locked or not:
+ * before a recovery enqueues a request again, so that a dead worker's locked job does not stay
+ * behind (add_job would only take its key away and leave the row locked for hours).
+ */
+export function retireJobsSql(ids: string): string {
+  return `DELETE FROM graphile_worker._private_jobs WHERE key = ANY(${ids})`;
+}
+
+/**
+ * Frees the jobs that the given worker pools and workers (graphile-worker ids, of pools that
+ * stopped) still hold, so that a live pool picks them up.
+ */
+export async function unlockJobs(pool: Pool, lockers: readonly string[]): Promise<void> {
+  if (lockers.length === 0) return;
+  await pool.query(
+    'UPDATE graphile_worker._private_jobs SET locked_at = NULL, locked_by = NULL WHERE locked_by = ANY($1::text[])',
+    [lockers],
+  );
 }
 
 /** Registers the task with graphile-worker (as its worker pools do when they start), for backstop jobs. */

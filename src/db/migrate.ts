@@ -9,7 +9,7 @@ import { runMigrations as runWorkerMigrations } from 'graphile-worker';
 import type { ConnectionConfig, Pool } from './pool.ts';
 import { createClient } from './pool.ts';
 import { logger } from '../log.ts';
-import { workerLogger } from '../executor/worker-logger.ts';
+import { workerLogger } from './worker-logger.ts';
 import { ENSURE_TASK_SQL } from './jobs.ts';
 
 export const MIGRATIONS_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../sql/migrations');
@@ -58,4 +58,17 @@ export async function migrationsApplied(pool: Pool): Promise<boolean> {
     [MIGRATION_NAMES],
   );
   return rows[0]?.n === MIGRATION_NAMES.length;
+}
+
+/**
+ * Whether the database answers but Sarsen's schema is gone (dropped, or a database restored
+ * without it): the one fault that waiting cannot heal. False while the database is unreachable.
+ */
+export async function schemaMissing(pool: Pool): Promise<boolean> {
+  try {
+    return !(await migrationsApplied(pool));
+  } catch (err) {
+    const code = (err as { code?: unknown }).code;
+    return code === '42P01' || code === '3F000'; // undefined_table, invalid_schema_name
+  }
 }

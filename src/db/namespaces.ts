@@ -28,7 +28,7 @@ export async function insertNamespace(
   return (await findNamespaceById(db, n.id))!;
 }
 
-export async function findNamespaceById(db: Db, id: string): Promise<NamespaceRow | null> {
+async function findNamespaceById(db: Db, id: string): Promise<NamespaceRow | null> {
   const { rows } = await db.query<NamespaceRow>(`${SELECT} WHERE n.id = $1`, [id]);
   return rows[0] ?? null;
 }

@@ -15,3 +15,9 @@ export function isUniqueViolation(err: unknown, constraint?: string): boolean {
 export function isForeignKeyViolation(err: unknown): boolean {
   return sqlState(err) === '23503';
 }
+
+/** PostgreSQL refused text holding U+0000: `text` cannot store it (22021), nor `jsonb` as `\u0000` (22P05). */
+export function isNulRefused(err: unknown): boolean {
+  const state = sqlState(err);
+  return state === '22021' || state === '22P05';
+}

@@ -1,6 +1,7 @@
 // PostgreSQL connections. Every pool and client gets an error handler: an idle client whose
 // server went away must not crash the process (pg emits 'error' on the pool for it).
 import pg from 'pg';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { logger, errorFields } from '../log.ts';
 
 export type ConnectionConfig = Readonly<{
@@ -31,6 +32,9 @@ const GENERIC_PLANS = '-c plan_cache_mode=force_generic_plan';
 // seconds of compiling for a statement that runs in milliseconds.)
 const BATCH_PLANS = `${GENERIC_PLANS} -c enable_nestloop=off -c jit=off`;
 
+// How long ending a pool waits for its sockets to close.
+const CLOSE_WAIT_MS = 5_000;
+
 export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: string; batches?: boolean } = {}): Pool {
   const pool = new pg.Pool({
     ...conn,
@@ -40,11 +44,52 @@ export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: 
     application_name: opts.name ?? 'sarsen',
     options: opts.batches ? BATCH_PLANS : GENERIC_PLANS,
   });
-  pool.on('error', (err) => logger.warn('idle database connection failed', errorFields(err)));
-  pool.on('connect', (client) => {
-    client.on('error', (err) => logger.warn('database connection failed', errorFields(err)));
+  // pg's pool.end() resolves once it has asked its connections to close, not once they have:
+  // a database stopped right after (embedded PostgreSQL at shutdown) would end them first, and
+  // their 'error' would read as an outage. This end() waits for every socket to close, and
+  // errors of a pool being ended are not faults.
+  const open = new Set<pg.PoolClient>();
+  pool.on('error', (err) => {
+    if (!pool.ending) connectionFailed('idle database connection failed', err);
   });
+  pool.on('connect', (client) => {
+    databaseReached();
+    open.add(client);
+    client.once('end', () => open.delete(client));
+    client.on('error', (err) => {
+      if (!pool.ending) connectionFailed('database connection failed', err);
+    });
+  });
+  const end = pool.end.bind(pool);
+  pool.end = (async () => {
+    const closing = [...open].map((client) => new Promise<void>((resolve) => client.once('end', () => resolve())));
+    await end();
+    // (Bounded: a socket that never reports its close must not hold a shutdown forever.)
+    await Promise.race([Promise.all(closing), sleep(CLOSE_WAIT_MS, undefined, { ref: false })]);
+  }) as typeof pool.end;
   return pool;
+}
+
+// An outage is logged once per process when it begins (warn) and once when a connection
+// succeeds again (info), not once per connection or request that meets it.
+let unreachable = false;
+
+/** Logs a database fault: the first connection loss of an outage as a warning, the rest not at all. */
+export function connectionFailed(message: string, err: unknown): void {
+  if (!isConnectionLoss(err)) {
+    logger.warn(message, errorFields(err));
+    return;
+  }
+  if (unreachable) return;
+  unreachable = true;
+  logger.warn('database unreachable; retrying until it is back', errorFields(err));
+}
+
+/** A connection succeeded: ends an outage, if one was logged. */
+export function databaseReached(): void {
+  if (!unreachable) return;
+  unreachable = false;
+  logger.info('database reachable again');
 }
 
 /**
@@ -57,7 +102,7 @@ export function prepared(name: string, text: string): (values: unknown[]) => pg.
 
 export function createClient(conn: ConnectionConfig, name = 'sarsen'): pg.Client {
   const client = new pg.Client({ ...conn, application_name: name, connectionTimeoutMillis: 10_000 });
-  client.on('error', (err) => logger.warn('database connection failed', errorFields(err)));
+  client.on('error', (err) => connectionFailed('database connection failed', err));
   return client;
 }
 
@@ -92,23 +137,47 @@ export async function withTransaction<T>(pool: Pool, fn: (client: PoolClient) =>
  * more try on a fresh connection.
  */
 export function isConnectionLoss(err: unknown): boolean {
-  const code = (err as { code?: unknown }).code;
-  if (typeof code === 'string') return code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03';
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code === 'string') {
+    // SQLSTATE class 08 (connection exception), 57P01-03 (terminated, crash shutdown, cannot
+    // connect now), or a socket error from Node.
+    return /^(08|57P0[123]$)|^(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|EHOSTUNREACH|ENETUNREACH|EAI_AGAIN)$/.test(code);
+  }
   const message = err instanceof Error ? err.message : '';
-  return /Connection terminated|connection.*(closed|ended)|ECONNRESET|ECONNREFUSED|Client has encountered a connection error/i.test(message);
+  return /Connection terminated|connection.*(closed|ended)|Client has encountered a connection error|timeout exceeded when trying to connect|not queryable/i.test(message);
 }
 
 /**
- * Runs `fn` and, if the connection died under it, once more. Callers use it only for writes
- * that are safe to repeat: fenced ones (a repeat after a commit whose answer was lost finds the
- * fence closed and reports it) and claims (a repeat attaches to what the first one made).
+ * Whether the statement was rolled back as a deadlock's victim (two group commits, or a group
+ * commit and a recovery, locking shared rows in different orders): tried again, it runs alone.
  */
-export async function retryOnConnectionLoss<T>(fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    if (!isConnectionLoss(err)) throw err;
-    await new Promise((r) => setTimeout(r, 50));
-    return fn();
+export function isDeadlockVictim(err: unknown): boolean {
+  return (err as { code?: unknown } | null)?.code === '40P01';
+}
+
+/**
+ * Runs `fn` and, while the connection dies under it or it is a deadlock's victim, again
+ * (backing off) until `forMs` has passed or `signal` aborts; then the last error stands. `onReturn` runs when a try succeeds
+ * after a loss (what was announced meanwhile on the bus was not heard). Callers use it only
+ * for what is safe to repeat: reads, fenced writes (a repeat after a commit whose answer was
+ * lost finds the fence closed and reports it), claims and submissions (a repeat finds what the
+ * first one made).
+ */
+export async function retryTransient<T>(
+  fn: () => Promise<T>,
+  forMs = 0,
+  opts: { signal?: AbortSignal; onReturn?: () => void } = {},
+): Promise<T> {
+  const deadline = Date.now() + forMs;
+  for (let delay = 50, lost = false; ; delay = Math.min(delay * 2, 500)) {
+    try {
+      const result = await fn();
+      if (lost) opts.onReturn?.();
+      return result;
+    } catch (err) {
+      if (!(isConnectionLoss(err) || isDeadlockVictim(err)) || opts.signal?.aborted || (Date.now() + delay > deadline && delay > 50)) throw err;
+      lost = true;
+      await new Promise((r) => setTimeout(r, delay));
+    }
   }
 }

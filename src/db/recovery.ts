@@ -1,9 +1,11 @@
 // The recovery sweep's SQL (DESIGN.md "Leases", "Fast death detection").
 import type { Pool, PoolClient } from './pool.ts';
+import type { RequestStatus } from './requests.ts';
 import { withTransaction } from './pool.ts';
 import { addToRollup, shard } from './counters.ts';
-import { enqueueSql } from './jobs.ts';
+import { enqueueSql, retireJobsSql } from './jobs.ts';
 import { notifyEvents } from './events.ts';
+import { appendAttempt, type Ending } from './attempt-log.ts';
 
 /**
  * Every executor process holds this session-level advisory lock on its bus connection for as
@@ -14,6 +16,12 @@ export async function holdLivenessLock(client: PoolClient | { query: PoolClient[
 }
 
 export type Recovered = { id: string; attempt: number };
+/** An attempt to re-dispatch, and how its log entry says it ended. */
+type Victim = Recovered & { ending: Extract<Ending, 'lease_lost' | 'handed_back' | 'worker_died'> };
+
+// Executors take their liveness locks again within about a second of the database's return
+// (their buses reconnect with at most 1 s between tries); until then a free lock proves nothing.
+const RESTART_GRACE_MS = 3000;
 
 /**
  * The re-dispatch of attempts whose rows this transaction has locked ($1 ids, $2 attempts):
@@ -24,7 +32,7 @@ export type Recovered = { id: string; attempt: number };
  * snapshot sees every frame committed before then.
  */
 const REQUEUE = `WITH victims AS (
-  SELECT * FROM unnest($1::text[], $2::int[]) AS v(id, attempt)
+  SELECT * FROM unnest($1::text[], $2::int[], $5::text[]) AS v(id, attempt, ending)
 ), discarded AS (
   DELETE FROM sarsen.chunks k USING victims v
    WHERE k.request_id = v.id AND k.attempt = v.attempt
@@ -34,7 +42,8 @@ const REQUEUE = `WITH victims AS (
 ), requeued AS (
   UPDATE sarsen.requests q
      SET status = 'pending', recoveries = q.recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
-         next_retry_at = NULL, seq_high = greatest(q.seq_high, coalesce(f.last_seq, 0))
+         next_retry_at = NULL, seq_high = greatest(q.seq_high, coalesce(f.last_seq, 0)),
+         attempt_log = ${appendAttempt('q', { ending: 'v.ending' })}, attempt_started_at = NULL
     FROM victims v LEFT JOIN freed f ON f.request_id = v.id
    WHERE q.id = v.id AND q.id = ANY($1::text[]) AND q.attempts = v.attempt AND q.status = 'running'
   RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes
@@ -49,9 +58,10 @@ const REQUEUE = `WITH victims AS (
 SELECT id, attempt, (SELECT count(*) FROM unstored) + (SELECT count(*) FROM queued) + (SELECT count(*) FROM notified) AS side_effects
   FROM requeued`;
 
-async function requeue(c: PoolClient, victims: readonly Recovered[], origin: string): Promise<Recovered[]> {
+async function requeue(c: PoolClient, victims: readonly Victim[], origin: string): Promise<Recovered[]> {
   if (victims.length === 0) return [];
-  const { rows } = await c.query<Recovered>(REQUEUE, [victims.map((v) => v.id), victims.map((v) => v.attempt), shard(), origin]);
+  await c.query(retireJobsSql('$1::text[]'), [victims.map((v) => v.id)]);
+  const { rows } = await c.query<Recovered>(REQUEUE, [victims.map((v) => v.id), victims.map((v) => v.attempt), shard(), origin, victims.map((v) => v.ending)]);
   return rows;
 }
 
@@ -68,13 +78,18 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
       [self],
     );
     // A transaction-level try-lock: taken only if the owner's session lock is gone, and
-    // released with this transaction.
+    // released with this transaction. Right after the server (re)started every lock is gone,
+    // the live owners' too, until their buses reconnect: then only expired leases count.
     const dead = await c.query<{ owner: string }>(
-      `SELECT owner FROM unnest($1::text[]) AS owner WHERE pg_try_advisory_xact_lock(hashtextextended(owner, 0))`,
-      [owners.rows.map((r) => r.owner)],
+      `SELECT owner FROM unnest($1::text[]) AS owner
+        WHERE pg_postmaster_start_time() < now() - make_interval(secs => $2::double precision / 1000)
+          AND pg_try_advisory_xact_lock(hashtextextended(owner, 0))`,
+      [owners.rows.map((r) => r.owner), RESTART_GRACE_MS],
     );
-    const victims = await c.query<Recovered>(
-      `SELECT id, attempts AS attempt FROM sarsen.requests
+    // A dead owner's attempt ended with its worker; a live owner's whose lease ran out lost it.
+    const victims = await c.query<Victim>(
+      `SELECT id, attempts AS attempt, CASE WHEN lease_owner = ANY($1::text[]) THEN 'worker_died' ELSE 'lease_lost' END AS ending
+         FROM sarsen.requests
         WHERE status = 'running' AND (lease_expires_at < now() OR lease_owner = ANY($1::text[]))
         ORDER BY lease_expires_at
         LIMIT $2
@@ -91,8 +106,8 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
  */
 export async function handBack(pool: Pool, id: string, attempt: number, origin: string): Promise<boolean> {
   return withTransaction(pool, async (c) => {
-    const held = await c.query<Recovered>(
-      `SELECT id, attempts AS attempt FROM sarsen.requests WHERE id = $1 AND attempts = $2 AND status = 'running' FOR UPDATE`,
+    const held = await c.query<Victim>(
+      `SELECT id, attempts AS attempt, 'handed_back' AS ending FROM sarsen.requests WHERE id = $1 AND attempts = $2 AND status = 'running' FOR UPDATE`,
       [id, attempt],
     );
     return (await requeue(c, held.rows, origin)).length === 1;
@@ -100,18 +115,26 @@ export async function handBack(pool: Pool, id: string, attempt: number, origin: 
 }
 
 /**
- * Pending requests whose job a worker locked and then died with, before it could claim the
- * request: graphile-worker would only free such a job hours later. A fresh job under the same
- * key replaces it now. (Should the locking worker be alive after all, the claim's fence lets
- * only one of the two runs proceed.)
+ * Jobs a worker locked and then lost (it died, or its fetch's answer was lost to an outage),
+ * found once they have been locked longer than a lease: graphile-worker would free them only
+ * hours later. A pending request's job is replaced by a fresh one under the same key; an ended
+ * request's job is deleted (the request was run by another job). Should the locking worker be
+ * alive after all, the claim's fence lets only one run proceed, and its completion finds no
+ * row to delete.
  */
 export async function redispatchStranded(pool: Pool, lockedForMs: number, limit = 100): Promise<string[]> {
-  const { rows } = await pool.query<{ id: string }>(
-    `SELECT q.id, ${enqueueSql('q.id')}
-       FROM sarsen.requests q JOIN graphile_worker.jobs j ON j.key = q.id
-      WHERE q.status = 'pending' AND j.locked_at < now() - make_interval(secs => $1::double precision / 1000)
-      LIMIT $2`,
-    [lockedForMs, limit],
-  );
-  return rows.map((r) => r.id);
+  return withTransaction(pool, async (c) => {
+    const { rows } = await c.query<{ id: string; status: RequestStatus }>(
+      `SELECT q.id, q.status FROM sarsen.requests q JOIN graphile_worker.jobs j ON j.key = q.id
+        WHERE q.status <> 'running' AND j.locked_at < now() - make_interval(secs => $1::double precision / 1000)
+        LIMIT $2
+        FOR UPDATE OF q SKIP LOCKED`,
+      [lockedForMs, limit],
+    );
+    if (rows.length === 0) return [];
+    await c.query(retireJobsSql('$1::text[]'), [rows.map((r) => r.id)]);
+    const pending = rows.filter((r) => r.status === 'pending').map((r) => r.id);
+    if (pending.length > 0) await c.query(`SELECT ${enqueueSql('id')} FROM unnest($1::text[]) AS id`, [pending]);
+    return pending;
+  });
 }

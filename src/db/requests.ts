@@ -3,6 +3,7 @@
 // attempts.ts (claims, leases, outcomes), recovery.ts (re-dispatch).
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
+import { fromBase64 } from './columns.ts';
 
 export type RequestStatus = 'pending' | 'running' | 'succeeded' | 'failed';
 export type Dialect = 'chat' | 'messages';
@@ -22,15 +23,27 @@ export type Answer = Readonly<{
   retryAfter: string | null;
 }>;
 
+/** A large stored body, read a slice at a time (so a reader holds a slice, not the body). */
+export type BodyPages = Readonly<{ length: number; read(from: number, length: number): Promise<Buffer> }>;
+
+/** An answer as read back for a waiter: a body of at most INLINE_BODY_BYTES at hand, a larger one in pages. */
+export type StoredAnswer = Omit<Answer, 'body'> & { body: Buffer | BodyPages };
+
+const INLINE_BODY_BYTES = 256 * 1024;
+
 export type RecordRow = {
   id: string;
   namespace_id: string;
   status: RequestStatus;
   dialect: Dialect;
   streaming: boolean;
+  /** The backend of the latest attempt (after fallbacks, the one that answered). */
+  backend_id: string;
   attempts: number;
   recoveries: number;
   next_retry_at: Date | null;
+  /** One entry per attempt that ended (src/db/attempt-log.ts). */
+  attempt_log: Record<string, unknown>[];
   error_status: number | null;
   retry_after: string | null;
   expired: boolean;
@@ -41,23 +54,10 @@ export type RecordRow = {
 
 export const isTerminal = (s: RequestStatus | null | undefined): s is 'succeeded' | 'failed' => s === 'succeeded' || s === 'failed';
 
-/** The answer of a record that settled (null while it has not). */
-export function answerOf(r: RecordRow): Answer | null {
-  if (!isTerminal(r.status)) return null;
-  return {
-    status: r.status,
-    httpStatus: r.response_status ?? (r.status === 'failed' ? 502 : 200),
-    contentType: r.response_content_type,
-    body: r.response_body ?? Buffer.alloc(0),
-    errorStatus: r.error_status,
-    retryAfter: r.retry_after,
-  };
-}
-
 const READ_RECORD = prepared(
   'sarsen_read_record',
-  `SELECT q.id, q.namespace_id, q.status, q.dialect, q.streaming, q.attempts, q.recoveries, q.next_retry_at,
-          q.error_status, q.retry_after, q.expired,
+  `SELECT q.id, q.namespace_id, q.status, q.dialect, q.streaming, q.backend_id, q.attempts, q.recoveries, q.next_retry_at,
+          q.attempt_log, q.error_status, q.retry_after, q.expired,
           r.status AS response_status, r.content_type AS response_content_type, r.body AS response_body
      FROM sarsen.requests q LEFT JOIN sarsen.responses r ON r.request_id = q.id
     WHERE q.id = $1 AND q.namespace_id = $2`,
@@ -67,6 +67,49 @@ const READ_RECORD = prepared(
 export async function readRecord(pool: Pool, namespaceId: string, id: string): Promise<RecordRow | null> {
   const { rows } = await pool.query<RecordRow>(READ_RECORD([id, namespaceId]));
   return rows[0] ?? null;
+}
+
+const READ_ANSWER = prepared(
+  'sarsen_read_answer',
+  `SELECT q.status, q.error_status, q.retry_after, r.status AS response_status, r.content_type AS response_content_type,
+          octet_length(r.body) AS length, CASE WHEN octet_length(r.body) <= $3 THEN r.body END AS body
+     FROM sarsen.requests q LEFT JOIN sarsen.responses r ON r.request_id = q.id
+    WHERE q.id = $1 AND q.namespace_id = $2`,
+);
+
+const READ_BODY_SLICE = prepared(
+  'sarsen_read_body_slice',
+  `SELECT encode(substring(body FROM $2 FOR $3), 'base64') AS slice FROM sarsen.responses WHERE request_id = $1`,
+);
+
+/**
+ * The answer of a settled request for its waiters (null while it has not settled; undefined
+ * when the id is not this namespace's). A large body is not read here: the answer carries
+ * pages to read it by.
+ */
+export async function readAnswer(pool: Pool, namespaceId: string, id: string): Promise<StoredAnswer | null | undefined> {
+  const { rows } = await pool.query<{
+    status: RequestStatus; error_status: number | null; retry_after: string | null;
+    response_status: number | null; response_content_type: string | null; length: number | null; body: Buffer | null;
+  }>(READ_ANSWER([id, namespaceId, INLINE_BODY_BYTES]));
+  const r = rows[0];
+  if (!r) return undefined;
+  if (!isTerminal(r.status)) return null;
+  const pages: BodyPages = {
+    length: r.length ?? 0,
+    async read(from, length) {
+      const { rows: slice } = await pool.query<{ slice: string | null }>(READ_BODY_SLICE([id, from + 1, length]));
+      return fromBase64(slice[0]?.slice ?? null) ?? Buffer.alloc(0);
+    },
+  };
+  return {
+    status: r.status,
+    httpStatus: r.response_status ?? (r.status === 'failed' ? 502 : 200),
+    contentType: r.response_content_type,
+    body: r.body ?? (r.length ? pages : Buffer.alloc(0)),
+    errorStatus: r.error_status,
+    retryAfter: r.retry_after,
+  };
 }
 
 export type StreamState = { status: RequestStatus; streamFirstSeq: number | null; attempts: number; seqHigh: number };
@@ -82,4 +125,13 @@ export async function readStreamState(pool: Pool, requestId: string): Promise<St
   );
   const r = rows[0];
   return r ? { status: r.status, streamFirstSeq: r.stream_first_seq, attempts: r.attempts, seqHigh: r.seq_high } : null;
+}
+
+/** Requests in each live state, deployment-wide; both counts are read through partial indexes. */
+export async function countLiveRequests(db: Pick<Pool, 'query'>): Promise<Record<'pending' | 'running', number>> {
+  const { rows } = await db.query<{ pending: number; running: number }>(
+    `SELECT (SELECT count(*) FROM sarsen.requests WHERE status = 'pending')::int AS pending,
+            (SELECT count(*) FROM sarsen.requests WHERE status = 'running')::int AS running`,
+  );
+  return rows[0]!;
 }

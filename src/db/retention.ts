@@ -31,7 +31,7 @@ WITH victims AS (
   -- A swept answer cannot be attached to: the same body afterwards is a new request.
   DELETE FROM sarsen.idempotency_claims WHERE request_id IN (SELECT id FROM victims) RETURNING 1
 ), marked AS (
-  UPDATE sarsen.requests q SET expired = true, request_bytes = 0, response_bytes = 0, chunk_bytes = 0
+  UPDATE sarsen.requests q SET expired = true, attempt_log = '[]', request_bytes = 0, response_bytes = 0, chunk_bytes = 0
     FROM victims v WHERE q.id = v.id
   RETURNING v.namespace_id, v.request_bytes, v.response_bytes, v.chunk_bytes
 ), unstored AS (

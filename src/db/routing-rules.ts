@@ -8,6 +8,7 @@ export type RuleRow = {
   namespace_id: string;
   model: string;
   backend_id: string | null;
+  fallback_backend_ids: string[];
   rewrite_model: string | null;
   priority: number;
   action: RuleAction;
@@ -17,18 +18,20 @@ export type RuleRow = {
 export type RuleFields = {
   model: string;
   backend_id: string | null;
+  /** Left out: none at creation, unchanged at an update. */
+  fallback_backend_ids?: string[];
   rewrite_model: string | null;
   priority: number;
   action: RuleAction;
 };
 
-const COLUMNS = 'id, namespace_id, model, backend_id, rewrite_model, priority, action, created_at';
+const COLUMNS = 'id, namespace_id, model, backend_id, fallback_backend_ids, rewrite_model, priority, action, created_at';
 
 export async function insertRule(db: Db, r: RuleFields & { id: string; namespace_id: string }): Promise<RuleRow> {
   const { rows } = await db.query<RuleRow>(
-    `INSERT INTO sarsen.routing_rules (id, namespace_id, model, backend_id, rewrite_model, priority, action)
-     VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING ${COLUMNS}`,
-    [r.id, r.namespace_id, r.model, r.backend_id, r.rewrite_model, r.priority, r.action],
+    `INSERT INTO sarsen.routing_rules (id, namespace_id, model, backend_id, rewrite_model, priority, action, fallback_backend_ids)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8::text[], '{}')) RETURNING ${COLUMNS}`,
+    [r.id, r.namespace_id, r.model, r.backend_id, r.rewrite_model, r.priority, r.action, r.fallback_backend_ids ?? null],
   );
   return rows[0]!;
 }
@@ -51,9 +54,10 @@ export async function listRules(db: Db, namespaceId: string): Promise<RuleRow[]>
 
 export async function updateRule(db: Db, namespaceId: string, id: string, r: RuleFields): Promise<RuleRow | null> {
   const { rows } = await db.query<RuleRow>(
-    `UPDATE sarsen.routing_rules SET model = $3, backend_id = $4, rewrite_model = $5, priority = $6, action = $7
+    `UPDATE sarsen.routing_rules SET model = $3, backend_id = $4, rewrite_model = $5, priority = $6, action = $7,
+            fallback_backend_ids = coalesce($8::text[], fallback_backend_ids)
      WHERE namespace_id = $1 AND id = $2 RETURNING ${COLUMNS}`,
-    [namespaceId, id, r.model, r.backend_id, r.rewrite_model, r.priority, r.action],
+    [namespaceId, id, r.model, r.backend_id, r.rewrite_model, r.priority, r.action, r.fallback_backend_ids ?? null],
   );
   return rows[0] ?? null;
 }
@@ -63,9 +67,13 @@ export async function deleteRule(db: Db, namespaceId: string, id: string): Promi
   return rowCount === 1;
 }
 
-export async function countRulesUsingBackend(db: Db, backendId: string): Promise<number> {
-  const { rows } = await db.query<{ n: number }>('SELECT count(*)::int AS n FROM sarsen.routing_rules WHERE backend_id = $1', [backendId]);
-  return rows[0]!.n;
+/** The rules that route to a backend or fall back to it, oldest first. */
+export async function rulesUsingBackend(db: Db, backendId: string): Promise<RuleRow[]> {
+  const { rows } = await db.query<RuleRow>(
+    `SELECT ${COLUMNS} FROM sarsen.routing_rules WHERE backend_id = $1 OR $1 = ANY(fallback_backend_ids) ORDER BY created_at, id`,
+    [backendId],
+  );
+  return rows;
 }
 
 export type RoutingEntry = { rule: RuleRow; backend: BackendForCall | null };
@@ -82,7 +90,7 @@ export async function loadRouting(db: Db, namespaceId: string): Promise<RoutingE
       b_credential_sealed: Buffer | null;
     }
   >(
-    `SELECT r.id, r.namespace_id, r.model, r.backend_id, r.rewrite_model, r.priority, r.action, r.created_at,
+    `SELECT r.id, r.namespace_id, r.model, r.backend_id, r.fallback_backend_ids, r.rewrite_model, r.priority, r.action, r.created_at,
             b.id AS b_id, b.kind AS b_kind, b.dialect AS b_dialect, b.address AS b_address,
             b.credential_source AS b_credential_source, b.credential_sealed AS b_credential_sealed
        FROM sarsen.routing_rules r LEFT JOIN sarsen.backends b ON b.id = r.backend_id
@@ -95,6 +103,7 @@ export async function loadRouting(db: Db, namespaceId: string): Promise<RoutingE
       namespace_id: r.namespace_id,
       model: r.model,
       backend_id: r.backend_id,
+      fallback_backend_ids: r.fallback_backend_ids,
       rewrite_model: r.rewrite_model,
       priority: r.priority,
       action: r.action,

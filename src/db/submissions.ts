@@ -18,6 +18,8 @@ export type NewRequest = Readonly<{
   namespaceId: string;
   apiKeyId: string;
   backendId: string;
+  /** The rule's fallback backends, tried in order after retryable failures. */
+  fallbackBackendIds: readonly string[];
   dialect: Dialect;
   streaming: boolean;
   model: string;
@@ -46,15 +48,14 @@ export type Submitted = Readonly<{
 const LEASE_END = `now() + make_interval(secs => $18::double precision / 1000)`;
 const LANDED = `request_id IS NOT NULL AND NOT repeated`;
 const NEW = `request_id = id`;
-const CLAIMED_HERE = `request_id = id AND owner IS NOT NULL`;
 
 const SUBMIT = prepared(
   'sarsen_submit_batch',
   `WITH input AS (
   SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[],
-                       $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[])
+                       $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $20::text[])
     WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model,
-                         upstream_model, headers, hops, body, identity, sealed, owner, ord)
+                         upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, ord)
 ), claim AS (
   INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
   SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $16::double precision / 1000)
@@ -80,12 +81,14 @@ const SUBMIT = prepared(
   SELECT * FROM placed WHERE ${NEW} AND NOT repeated
 ), request AS (
   INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq)
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids)
   SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
          headers::jsonb, hops, octet_length(body), $17,
          CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
          owner, CASE WHEN owner IS NOT NULL THEN ${LEASE_END} END, CASE WHEN owner IS NOT NULL THEN now() END,
-         CASE WHEN owner IS NOT NULL THEN 1 END
+         CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
+         -- Comma-joined (ids never hold a comma): unnest cannot take an array of arrays of different lengths.
+         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}')
     FROM created
   RETURNING 1
 ), body AS (
@@ -107,19 +110,17 @@ const SUBMIT = prepared(
   RETURNING 1
 ), counted AS (
   ${addToRollup(
-    ['accepted_submissions', 'request_bytes', 'provider_calls'],
+    ['accepted_submissions', 'request_bytes'],
     `SELECT namespace_id, count(*) AS accepted_submissions,
-            coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes,
-            count(*) FILTER (WHERE ${CLAIMED_HERE}) AS provider_calls
+            coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes
        FROM placed WHERE ${LANDED} GROUP BY namespace_id`,
     '$19',
   )}
   RETURNING 1
 ), hourly AS (
   ${addToKeyHour(
-    ['ledger_events', 'provider_calls'],
-    `SELECT namespace_id, api_key_id, count(*) AS ledger_events, count(*) FILTER (WHERE ${CLAIMED_HERE}) AS provider_calls
-       FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
+    ['ledger_events'],
+    `SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
     '$19',
   )}
   RETURNING 1
@@ -152,6 +153,7 @@ export async function submitBatch(
       col((r) => r.dialect), col((r) => r.streaming), col((r) => r.model), col((r) => r.upstreamModel),
       col((r) => JSON.stringify(r.forwardedHeaders)), col((r) => r.hops), col((r) => r.body), col((r) => r.identity),
       col((r) => r.sealedCredential), col((r) => r.owner), s.windowMs, s.feeMicros, s.leaseMs, counterShard,
+      col((r) => r.fallbackBackendIds.join(',')),
     ]),
   );
   return rows.map((row) =>

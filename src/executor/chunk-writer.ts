@@ -3,11 +3,12 @@
 // whatever arrives while a flush is in flight. A frame is shown to readers only after its
 // flush commits: then this process's readers get the frames themselves in memory, and other
 // processes' readers the flush's NOTIFY.
-import { createBatchPool, retryOnConnectionLoss, type ConnectionConfig } from '../db/pool.ts';
+import { createBatchPool, retryTransient, type ConnectionConfig } from '../db/pool.ts';
 import type { Bus } from '../bus/bus.ts';
 import { storeFrames, type FrameRow, type Stored } from '../db/chunks.ts';
 import type { ChunkRow } from '../db/requests.ts';
 import { createBatcher } from '../core/batcher.ts';
+import { observeFlush } from '../metrics/metrics.ts';
 
 // Bound on one statement's parameters and one flush's memory (writes of a network read each).
 const MAX_BATCH_WRITES = 10_000;
@@ -21,14 +22,18 @@ export type ChunkWriter = {
   close(): Promise<void>;
 };
 
-export function createChunkWriter(conn: ConnectionConfig, bus: Bus, origin: string): ChunkWriter {
+/** `retryForMs`: how long a flush is retried through a database outage (its frames wait in memory). */
+export function createChunkWriter(conn: ConnectionConfig, bus: Bus, origin: string, retryForMs: () => number): ChunkWriter {
   const pool = createBatchPool(conn, 'sarsen-frames');
   const batcher = createBatcher<readonly FrameRow[], boolean>(
     async (writes) => {
       const batch = writes.flat();
-      const stored = await retryOnConnectionLoss(() => storeFrames(pool, batch, origin));
+      const started = performance.now();
+      const stored = await retryTransient(() => storeFrames(pool, batch, origin), retryForMs());
+      const results = writes.map((w) => stored.get(w[0]!.requestId)?.attempt === w[0]!.attempt);
+      observeFlush(batch.length, writes.reduce((n, w, i) => (results[i] ? n + w.length : n), 0), started);
       publishCommitted(bus, batch, stored);
-      return writes.map((w) => stored.get(w[0]!.requestId)?.attempt === w[0]!.attempt);
+      return results;
     },
     { maxBatch: MAX_BATCH_WRITES },
   );

@@ -4,7 +4,7 @@
 // hand-back) is runner.ts's.
 import type { Settings } from '../config/settings.ts';
 import type { BaseDeps } from '../deps.ts';
-import type { Attempt, Tokens } from '../db/attempts.ts';
+import type { Attempt, AttemptEnd, Tokens } from '../db/attempts.ts';
 import type { Answer } from '../db/requests.ts';
 import type { BackendForCall } from '../db/backends.ts';
 import { openBackendCredential } from '../control/backends.ts';
@@ -13,9 +13,12 @@ import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
 import { createFramer } from '../core/sse-framer.ts';
 import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.ts';
 import { errorBody } from '../core/errors.ts';
+import { cancelledAnswer } from '../db/cancel.ts';
 import type { ChunkWriter } from './chunk-writer.ts';
-import { TransportError, describeTransportError, type Upstream, type UpstreamResponse } from './upstream.ts';
+import { TransportError, describeTransportError, type Sent, type Upstream, type UpstreamResponse } from './upstream.ts';
 import { logger } from '../log.ts';
+import { idTime } from '../core/ids.ts';
+import { observeProviderCall, observeAcceptanceToCall, observeFirstFrame, countRetry } from '../metrics/metrics.ts';
 
 // A JSON answer larger than this is refused rather than held in memory.
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
@@ -25,20 +28,24 @@ const MAX_UNCOMMITTED = 1024;
 
 export type ExecutorDeps = BaseDeps & { upstream: Upstream; chunks: ChunkWriter };
 
-type Traffic = { sentBytes: number; receivedBytes: number };
+/** Whether the attempt reached a provider (a connection carried it), and the bytes both ways. */
+type Traffic = { reached: boolean; sentBytes: number; receivedBytes: number };
 /** What a streamed attempt stored: its frames' bytes and the sequence number of its last frame. */
 export type StoredFrames = { bytes: number; lastSeq: number };
 
-/** How an attempt ended; settle.ts writes it. */
+/** How an attempt ended; settle.ts writes it (`end`: for the attempt log). */
 export type Outcome =
-  | ({ kind: 'succeeded'; answer: Answer; tokens: Tokens; frames: StoredFrames | null } & Traffic)
-  /** Terminal: a refusal the provider answered with, or a transport failure past the last attempt. */
-  | ({ kind: 'failed'; answer: Answer; frames: StoredFrames | null } & Traffic)
-  | ({ kind: 'retry'; delayMs: number } & Traffic)
+  | ({ kind: 'succeeded'; answer: Answer; tokens: Tokens; frames: StoredFrames | null; end: AttemptEnd } & Traffic)
+  /**
+   * Terminal: a refusal the provider answered with, a transport failure past the last attempt,
+   * or a cancel (`tokens`: what the frames stored so far tell).
+   */
+  | ({ kind: 'failed'; answer: Answer; frames: StoredFrames | null; tokens?: Tokens; cancelled?: boolean; end: AttemptEnd } & Traffic)
+  | ({ kind: 'retry'; delayMs: number; end: AttemptEnd } & Traffic)
   /** Another attempt holds the request now: nothing of this one may be written. */
   | { kind: 'lease_lost' }
   /** This process gives the attempt back (it is stopping, or lost its database). */
-  | { kind: 'handed_back'; reason: 'shutdown' | 'database connection lost' };
+  | { kind: 'handed_back'; reason: 'shutdown' | 'database connection lost'; cause?: string };
 
 /** The abort reason when the lease was found taken. */
 export class LeaseLost extends Error {
@@ -50,6 +57,11 @@ export class HandBack extends Error {
   override name = 'HandBack';
 }
 
+/** The abort reason when a cancel was asked for (POST /requests/{id}/cancel). */
+export class Cancelled extends Error {
+  override name = 'Cancelled';
+}
+
 /** Storing a frame failed (the database, not the provider): the attempt cannot go on here. */
 export class StoreFailed extends Error {
   override name = 'StoreFailed';
@@ -58,7 +70,9 @@ export class StoreFailed extends Error {
   }
 }
 
-const NO_TRAFFIC: Traffic = { sentBytes: 0, receivedBytes: 0 };
+const NO_TRAFFIC: Traffic = { reached: false, sentBytes: 0, receivedBytes: 0 };
+const ended = (status: number | null, retryAfter: string | null = null, error: string | null = null): AttemptEnd => ({ status, retryAfter, error });
+const traffic = (sent: Sent, receivedBytes: number): Traffic => ({ reached: sent.reached, sentBytes: sent.bytes, receivedBytes });
 
 /** Our own upstream_failed envelope, stored as the failure's body (SPEC.md: not an HTTP answer). */
 function transportAnswer(err: TransportError): Answer {
@@ -70,6 +84,15 @@ function transportAnswer(err: TransportError): Answer {
     errorStatus: null,
     retryAfter: null,
   };
+}
+
+/**
+ * The attempt's call was aborted: a cancel ends the request with what it moved and stored;
+ * any other reason is the runner's (thrown).
+ */
+function aborted(signal: AbortSignal, moved: Traffic, frames: StoredFrames | null = null, tokens?: Tokens): Outcome {
+  if (!(signal.reason instanceof Cancelled)) throw signal.reason;
+  return { kind: 'failed', answer: cancelledAnswer(), frames, tokens, cancelled: true, end: ended(null), ...moved };
 }
 
 /** The backend's own credential, or for a caller-credential backend the one this request brought. */
@@ -100,20 +123,26 @@ function header(res: UpstreamResponse, name: string): string | null {
 function transportFailure(a: Attempt, settings: Settings, traffic: Traffic, err: TransportError): Outcome {
   logger.warn('provider call failed', { request_id: a.id, attempt: a.attempt, reason: err.message });
   if (!err.refused && a.attempt < settings.max_attempts) {
-    return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs: null }), ...traffic };
+    countRetry('transport');
+    return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs: null }), end: ended(null, null, err.message), ...traffic };
   }
-  return { kind: 'failed', answer: transportAnswer(err), frames: null, ...traffic };
+  return { kind: 'failed', answer: transportAnswer(err), frames: null, end: ended(null, null, err.message), ...traffic };
 }
 
 /**
  * Runs the attempt against the provider and answers how it ended. Throws only when `signal`
- * aborted it (the reason says why) or a frame could not be stored (StoreFailed).
+ * aborted it for a reason other than a cancel (the reason says why) or a frame could not be
+ * stored (StoreFailed).
  */
 export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Settings, signal: AbortSignal): Promise<Outcome> {
+  if (a.cancelRequested) return { kind: 'failed', answer: cancelledAnswer(), frames: null, cancelled: true, end: ended(null), ...NO_TRAFFIC };
   if (!a.backend) {
     return transportFailure(a, settings, NO_TRAFFIC, new TransportError('The backend this request was routed to no longer exists.', { refused: true }));
   }
   let res: UpstreamResponse;
+  const sent: Sent = { reached: false, bytes: 0 };
+  if (a.attempt === 1) observeAcceptanceToCall(idTime(a.id));
+  const callStarted = performance.now();
   try {
     res = await deps.upstream.call(
       {
@@ -125,18 +154,20 @@ export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Setti
         body: a.body,
         streaming: a.streaming,
         signal,
+        sent,
       },
       settings,
     );
   } catch (err) {
-    if (signal.aborted) throw signal.reason;
-    return transportFailure(a, settings, { sentBytes: Buffer.byteLength(a.body), receivedBytes: 0 }, describeTransportError(err));
+    observeProviderCall(a.backend.kind, null, callStarted);
+    if (signal.aborted) return aborted(signal, traffic(sent, 0));
+    return transportFailure(a, settings, traffic(sent, 0), describeTransportError(err));
   }
-  const sentBytes = res.sentBytes;
+  observeProviderCall(a.backend.kind, res.status, callStarted);
   const contentType = header(res, 'content-type');
   const success = res.status >= 200 && res.status < 300;
   if (success && a.streaming && /^text\/event-stream\b/i.test(contentType ?? '')) {
-    return runStream(deps, a, settings, signal, res, sentBytes);
+    return runStream(deps, a, settings, signal, res, sent);
   }
 
   // A whole answer: a success, or a refusal with the provider's body byte for byte.
@@ -145,21 +176,24 @@ export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Setti
     body = await readAll(res.body, success ? MAX_ANSWER_BYTES : MAX_ERROR_BYTES);
   } catch (err) {
     res.body.destroy();
-    if (signal.aborted) throw signal.reason;
-    return transportFailure(a, settings, { sentBytes, receivedBytes: 0 }, describeTransportError(err));
+    if (signal.aborted) return aborted(signal, traffic(sent, 0));
+    return transportFailure(a, settings, traffic(sent, 0), describeTransportError(err));
   }
-  const traffic = { sentBytes, receivedBytes: body.length };
+  const moved = traffic(sent, body.length);
   if (success) {
     const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType, body, errorStatus: null, retryAfter: null };
-    return { kind: 'succeeded', answer, tokens: tokensFromAnswer(a.dialect, body), frames: null, ...traffic };
+    return { kind: 'succeeded', answer, tokens: tokensFromAnswer(a.dialect, body), frames: null, end: ended(res.status), ...moved };
   }
   const retryAfter = header(res, 'retry-after');
   if (isRetryableStatus(res.status) && a.attempt < settings.max_attempts) {
     const retryAfterMs = retryAfter === null ? null : parseRetryAfter(retryAfter, Date.now());
-    return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs }), ...traffic };
+    countRetry(res.status);
+    return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs }), end: ended(res.status, retryAfter), ...moved };
   }
-  const answer: Answer = { status: 'failed', httpStatus: res.status, contentType: 'application/json', body, errorStatus: res.status, retryAfter };
-  return { kind: 'failed', answer, frames: null, ...traffic };
+  // The provider's content type is kept for the record (a non-JSON body is wrapped beside it);
+  // the dialect routes still pass the body through as application/json.
+  const answer: Answer = { status: 'failed', httpStatus: res.status, contentType, body, errorStatus: res.status, retryAfter };
+  return { kind: 'failed', answer, frames: null, end: ended(res.status, retryAfter), ...moved };
 }
 
 /**
@@ -167,7 +201,7 @@ export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Setti
  * group-committed. A failure before the first frame is an ordinary (retryable) transport
  * failure; after it, the status line has been sent to live readers, so it is terminal.
  */
-async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, signal: AbortSignal, res: UpstreamResponse, sentBytes: number): Promise<Outcome> {
+async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, signal: AbortSignal, res: UpstreamResponse, sent: Sent): Promise<Outcome> {
   const framer = createFramer();
   const tokens = createStreamTokenReader(a.dialect);
   let seq = a.firstSeq - 1;
@@ -200,6 +234,7 @@ async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, sig
   };
   const store = (frames: Buffer[]): void => {
     if (frames.length === 0) return;
+    if (seq < a.firstSeq && a.attempt === 1) observeFirstFrame(idTime(a.id));
     const rows = frames.map((frame) => {
       tokens.push(frame);
       storedBytes += frame.length;
@@ -231,13 +266,13 @@ async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, sig
     res.body.destroy();
     // Not the provider's failure: stop its call; the attempt is the runner's to give up.
     if (storeError) throw storeError;
-    if (signal.aborted) throw signal.reason;
+    const stored = seq < a.firstSeq ? null : { bytes: storedBytes, lastSeq: seq };
+    if (signal.aborted) return aborted(signal, traffic(sent, received), stored, tokens.result());
     const failure = describeTransportError(caught);
-    const traffic = { sentBytes, receivedBytes: received };
-    if (seq < a.firstSeq) return transportFailure(a, settings, traffic, failure);
+    if (seq < a.firstSeq) return transportFailure(a, settings, traffic(sent, received), failure);
     logger.warn('stream failed after its first frame', { request_id: a.id, attempt: a.attempt, reason: failure.message });
-    return { kind: 'failed', answer: transportAnswer(failure), frames: { bytes: storedBytes, lastSeq: seq }, ...traffic };
+    return { kind: 'failed', answer: transportAnswer(failure), frames: stored, end: ended(null, null, failure.message), ...traffic(sent, received) };
   }
   const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType: header(res, 'content-type'), body: Buffer.alloc(0), errorStatus: null, retryAfter: null };
-  return { kind: 'succeeded', answer, tokens: tokens.result(), frames: { bytes: storedBytes, lastSeq: seq }, sentBytes, receivedBytes: received };
+  return { kind: 'succeeded', answer, tokens: tokens.result(), frames: { bytes: storedBytes, lastSeq: seq }, end: ended(res.status), ...traffic(sent, received) };
 }

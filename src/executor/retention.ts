@@ -5,6 +5,7 @@ import type { BaseDeps } from '../deps.ts';
 import { effectiveRetentionMinutes } from '../core/retention.ts';
 import { namespaceHorizons, sweepRecords, sweepLapsedClaims, sweepListingRows, sweepLedger } from '../db/retention.ts';
 import { logger, errorFields } from '../log.ts';
+import { countExpired, countSweep } from '../metrics/metrics.ts';
 
 const BATCH = 500;
 // One pass stops after this many batches of a kind so a huge backlog cannot starve the others;
@@ -39,6 +40,7 @@ export async function runRetentionSweep(deps: Pick<BaseDeps, 'pool' | 'settings'
   const listing = await drain(() => sweepListingRows(deps.pool, s.listing_horizon_days, BATCH));
   const ledger = await drain(() => sweepLedger(deps.pool, s.ledger_horizon_days, BATCH));
   if (records + listing + ledger > 0) logger.info('retention sweep', { records, claims, listing, ledger });
+  countExpired({ records, claims, listing, ledger });
   return { records, claims, listing, ledger };
 }
 
@@ -52,7 +54,11 @@ export function startRetentionSweeper(deps: BaseDeps): { stop(): Promise<void> }
   const tick = () => {
     timer = null;
     running = runRetentionSweep(deps)
-      .catch((err) => logger.warn('retention sweep failed; will try again', errorFields(err)))
+      .then(() => countSweep('retention', true))
+      .catch((err) => {
+        countSweep('retention', false);
+        logger.warn('retention sweep failed; will try again', errorFields(err));
+      })
       .finally(() => {
         running = null;
         schedule();

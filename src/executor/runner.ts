@@ -4,10 +4,10 @@
 // statement per heartbeat (a lease found taken aborts that attempt's provider call), writes
 // each outcome, and at shutdown hands back what cannot finish within the grace.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { createBatchPool, isConnectionLoss, retryOnConnectionLoss } from '../db/pool.ts';
+import { createBatchPool, connectionFailed, isConnectionLoss, retryTransient } from '../db/pool.ts';
 import { claimAttempts, renewLeases, type Attempt } from '../db/attempts.ts';
 import { createBatcher } from '../core/batcher.ts';
-import { runAttempt, LeaseLost, HandBack, StoreFailed, type ExecutorDeps, type Outcome } from './execute.ts';
+import { runAttempt, LeaseLost, HandBack, StoreFailed, Cancelled, type ExecutorDeps, type Outcome } from './execute.ts';
 import { createSettle } from './settle.ts';
 import { logger, errorFields } from '../log.ts';
 
@@ -38,7 +38,10 @@ function interrupted(err: unknown, signal: AbortSignal): Outcome {
   const reason: unknown = signal.aborted ? signal.reason : err;
   if (reason instanceof HandBack) return { kind: 'handed_back', reason: 'shutdown' };
   if (reason instanceof LeaseLost || err instanceof LeaseLost) return { kind: 'lease_lost' };
-  if (err instanceof StoreFailed || isConnectionLoss(err)) return { kind: 'handed_back', reason: 'database connection lost' };
+  if (err instanceof StoreFailed || isConnectionLoss(err)) {
+    const cause = err instanceof StoreFailed ? err.cause : err;
+    return { kind: 'handed_back', reason: 'database connection lost', cause: cause instanceof Error ? cause.message : String(cause) };
+  }
   throw err;
 }
 
@@ -53,7 +56,7 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
 
   const claims = createBatcher<string, Attempt | null>(
     async (ids) => {
-      const claimed = await retryOnConnectionLoss(() => claimAttempts(writer, ids, owner, deps.settings.current().lease_ms));
+      const claimed = await retryTransient(() => claimAttempts(writer, ids, owner, deps.settings.current().lease_ms));
       // Two jobs naming one request (a re-dispatch beside a stranded job): only one runs it.
       return ids.map((id) => {
         const a = claimed.get(id) ?? null;
@@ -67,6 +70,10 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
   const execute = async (a: Attempt): Promise<void> => {
     const running: Running = { a, controller: new AbortController(), renewedAt: Date.now() };
     active.add(running);
+    // A cancel heard on the bus stops the call at once; one whose event was lost, at the next renewal.
+    const unsubscribe = deps.bus.onRequest(a.id, (ev) => {
+      if (ev.type === 'cancel') running.controller.abort(new Cancelled('the request was cancelled'));
+    });
     try {
       let outcome: Outcome;
       try {
@@ -78,8 +85,10 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
       await settle(a, outcome);
     } catch (err) {
       // Left running under its lease: the recovery sweep re-dispatches it once the lease expires.
-      logger.error('attempt failed unexpectedly', { request_id: a.id, attempt: a.attempt, ...errorFields(err) });
+      if (isConnectionLoss(err)) connectionFailed('an attempt\'s outcome could not be written', err);
+      else logger.error('attempt failed unexpectedly', { request_id: a.id, attempt: a.attempt, ...errorFields(err) });
     } finally {
+      unsubscribe();
       active.delete(running);
     }
   };
@@ -96,11 +105,16 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
     try {
       const still = await renewLeases(writer, due.map((r) => ({ id: r.a.id, attempt: r.a.attempt, jobId: r.a.jobId })), leaseMs);
       for (const r of due) {
-        if (still.has(r.a.id)) r.renewedAt = now;
-        else r.controller.abort(new LeaseLost('the lease was lost'));
+        const held = still.get(r.a.id);
+        if (!held) {
+          r.controller.abort(new LeaseLost('the lease was lost'));
+          continue;
+        }
+        r.renewedAt = now;
+        if (held.cancelRequested) r.controller.abort(new Cancelled('the request was cancelled'));
       }
     } catch (err) {
-      logger.warn('lease renewal failed', errorFields(err));
+      connectionFailed('lease renewal failed', err);
     }
   };
   const tick = () => {

@@ -4,12 +4,13 @@
 // the answer itself in memory (others hear the statement's NOTIFY). Retries and hand-backs
 // are rare and written one by one.
 import type { BaseDeps } from '../deps.ts';
-import { createBatchPool, retryOnConnectionLoss } from '../db/pool.ts';
+import { createBatchPool, retryTransient } from '../db/pool.ts';
 import { settleBatch, scheduleRetry, type Attempt, type Terminal } from '../db/attempts.ts';
 import { handBack } from '../db/recovery.ts';
 import { createBatcher } from '../core/batcher.ts';
 import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
+import { countHandBack } from '../metrics/metrics.ts';
 
 const MAX_BATCH = 500;
 
@@ -20,7 +21,8 @@ export function createSettle(deps: BaseDeps): Settle {
   const terminals = createBatcher<Terminal, boolean>(
     async (batch) => {
       const metering = deps.settings.current().metering_enabled;
-      const written = await retryOnConnectionLoss(() => settleBatch(writer, batch, { metering, origin: deps.processId }));
+      // Through an outage, for as long as the lease could last: the answer is in hand.
+      const written = await retryTransient(() => settleBatch(writer, batch, { metering, origin: deps.processId }), deps.settings.current().lease_ms);
       return batch.map((t) => written.has(t.id));
     },
     { maxBatch: MAX_BATCH },
@@ -31,15 +33,16 @@ export function createSettle(deps: BaseDeps): Settle {
     switch (outcome.kind) {
       case 'succeeded':
       case 'failed': {
-        const tokens = outcome.kind === 'succeeded' ? outcome.tokens : { prompt: null, completion: null, total: null };
-        const { answer, sentBytes, receivedBytes, frames } = outcome;
-        const written = await terminals.add({ id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, frames, sentBytes, receivedBytes });
+        const tokens = outcome.tokens ?? { prompt: null, completion: null, total: null };
+        const { answer, reached, sentBytes, receivedBytes, frames, end } = outcome;
+        const cancelled = outcome.kind === 'failed' && outcome.cancelled === true;
+        const written = await terminals.add({ id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, frames, reached, sentBytes, receivedBytes, cancelled, end });
         if (written) deps.bus.publishRequest({ type: 'state', requestId: a.id, status: answer.status, answer });
         else logger.warn('answer discarded: lease lost before it was stored', log);
         return;
       }
       case 'retry': {
-        const scheduled = await retryOnConnectionLoss(() => scheduleRetry(deps.pool, { ...outcome, id: a.id, attempt: a.attempt, origin: deps.processId }));
+        const scheduled = await retryTransient(() => scheduleRetry(deps.pool, { ...outcome, id: a.id, attempt: a.attempt, origin: deps.processId }), deps.settings.current().lease_ms);
         if (!scheduled) return;
         deps.bus.publishRequest({ type: 'state', requestId: a.id, status: 'pending' });
         logger.info('attempt failed; retry scheduled', { ...log, delay_ms: outcome.delayMs });
@@ -48,9 +51,10 @@ export function createSettle(deps: BaseDeps): Settle {
       case 'handed_back': {
         // Another executor takes over at once instead of waiting for the lease to expire (if
         // the database is still unreachable, the sweep recovers the attempt once it expires).
-        const handed = await retryOnConnectionLoss(() => handBack(deps.pool, a.id, a.attempt, deps.processId)).catch(() => false);
+        const handed = await retryTransient(() => handBack(deps.pool, a.id, a.attempt, deps.processId)).catch(() => false);
         if (handed) deps.bus.publishRequest({ type: 'superseded', requestId: a.id });
-        logger.warn('attempt handed back', { ...log, handed, reason: outcome.reason });
+        if (handed) countHandBack(outcome.reason === 'shutdown' ? 'shutdown' : 'database');
+        logger.warn('attempt handed back', { ...log, handed, reason: outcome.reason, ...(outcome.cause ? { cause: outcome.cause } : {}) });
         return;
       }
       case 'lease_lost':

@@ -2,7 +2,9 @@
 // minute granularity), re-dispatches requests whose worker died or whose lease expired.
 import type { BaseDeps } from '../deps.ts';
 import { recoverDeadAttempts, redispatchStranded } from '../db/recovery.ts';
-import { logger, errorFields } from '../log.ts';
+import { connectionFailed } from '../db/pool.ts';
+import { logger } from '../log.ts';
+import { countRecoveries, countSweep } from '../metrics/metrics.ts';
 
 const BATCH = 100;
 
@@ -20,6 +22,7 @@ export function startSweeper(deps: BaseDeps, owner: string): Sweeper {
     for (;;) {
       const recovered = await recoverDeadAttempts(deps.pool, owner, BATCH);
       total += recovered.length;
+      countRecoveries(recovered.length);
       for (const r of recovered) {
         deps.bus.publishRequest({ type: 'superseded', requestId: r.id });
         logger.warn('recovered a request from a dead attempt', { request_id: r.id, attempt: r.attempt });
@@ -32,8 +35,10 @@ export function startSweeper(deps: BaseDeps, owner: string): Sweeper {
     timer = null;
     if (stopped) return;
     running = runOnce()
+      .then((n) => (countSweep('recovery', true), n))
       .catch((err) => {
-        logger.warn('recovery sweep failed; will try again', errorFields(err));
+        countSweep('recovery', false);
+        connectionFailed('recovery sweep failed; will try again', err);
         return 0;
       })
       .finally(() => {

@@ -1,11 +1,21 @@
 // The provider call: undici with keep-alive, the deployment's timeouts, and the address
 // policy enforced again at connect time (DNS can change after a backend was created).
 import { Agent, request } from 'undici';
-import { isIP } from 'node:net';
+import diagnostics from 'node:diagnostics_channel';
+import { isIP, type Socket } from 'node:net';
 import type { Settings } from '../config/settings.ts';
 import { policyLookup, refusalReason, HOST_REFUSED_CODE } from '../core/address-policy.ts';
 import { upstreamHeaders } from '../core/header-policy.ts';
 import type { Dialect } from '../core/tokens.ts';
+import { logger } from '../log.ts';
+
+/**
+ * What a call put on the wire, filled in as it happens: whether a connection to the provider
+ * carried the request, and how many bytes were written to it (request line, headers, body).
+ * A call that never connected (a refused or timed-out connection, a refused address) reached
+ * no provider and sent nothing.
+ */
+export type Sent = { reached: boolean; bytes: number };
 
 export type UpstreamCall = {
   dialect: Dialect;
@@ -16,13 +26,13 @@ export type UpstreamCall = {
   body: string;
   streaming: boolean;
   signal: AbortSignal;
+  sent: Sent;
 };
 
 export type UpstreamResponse = {
   status: number;
   headers: Record<string, string | string[] | undefined>;
   body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown };
-  sentBytes: number;
 };
 
 /** A failure that was not an HTTP answer from the provider. */
@@ -44,7 +54,67 @@ export type Upstream = {
   close(): Promise<void>;
 };
 
+type RequestMessage = { request: object };
+
+/**
+ * Meters calls through undici's diagnostics channels, which it publishes synchronously from
+ * inside the client, one request object shared by every channel of a request. A call's
+ * meter is tied to that object when undici creates it (synchronously inside `request()`);
+ * `sendHeaders` says a connection now carries it, and the socket's byte count from then until
+ * `bodySent` is what was written for it (undici writes one request at a time per connection).
+ */
+function createMeters() {
+  type Meter = { sent: Sent; socket: Socket | null; start: number };
+  const meters = new WeakMap<object, Meter>();
+  let creating: Meter | null = null;
+  let warned = false;
+  const onCreate = (m: unknown) => {
+    if (creating === null) return;
+    meters.set((m as RequestMessage).request, creating);
+    creating = null;
+  };
+  const onSendHeaders = (m: unknown) => {
+    const { request, socket } = m as RequestMessage & { socket: Socket };
+    const meter = meters.get(request);
+    if (!meter) return;
+    meter.sent.reached = true;
+    meter.socket = socket;
+    meter.start = socket.bytesWritten;
+  };
+  const onBodySent = (m: unknown) => {
+    const meter = meters.get((m as RequestMessage).request);
+    if (meter?.socket) meter.sent.bytes = meter.socket.bytesWritten - meter.start;
+  };
+  const channels = [
+    ['undici:request:create', onCreate],
+    ['undici:client:sendHeaders', onSendHeaders],
+    ['undici:request:bodySent', onBodySent],
+  ] as const;
+  for (const [name, fn] of channels) diagnostics.subscribe(name, fn);
+  return {
+    /** Runs `start` (which must call undici's request() synchronously) with `sent` as its meter. */
+    metered<T>(sent: Sent, start: () => T): T {
+      creating = { sent, socket: null, start: 0 };
+      try {
+        return start();
+      } finally {
+        creating = null;
+      }
+    },
+    /** A call was answered without its meter seeing it go out: undici no longer announces calls as above. */
+    missed() {
+      if (warned) return;
+      warned = true;
+      logger.warn('undici did not announce a provider call; provider calls and sent bytes go uncounted');
+    },
+    close() {
+      for (const [name, fn] of channels) diagnostics.unsubscribe(name, fn);
+    },
+  };
+}
+
 export function createUpstream(): Upstream {
+  const meters = createMeters();
   const agents = new Map<string, Agent>();
   const agentFor = (s: Settings): Agent => {
     const key = `${s.backends_public_only}:${s.upstream_connect_timeout_ms}:${s.upstream_headers_timeout_ms}:${s.upstream_idle_timeout_ms}`;
@@ -79,8 +149,10 @@ export function createUpstream(): Upstream {
         accept: c.streaming ? 'text/event-stream' : 'application/json',
       });
       try {
-        const res = await request(url, { method: 'POST', headers, body, signal: c.signal, dispatcher: agentFor(settings) });
-        return { status: res.statusCode, headers: res.headers, body: res.body, sentBytes: body.length };
+        const dispatcher = agentFor(settings);
+        const res = await meters.metered(c.sent, () => request(url, { method: 'POST', headers, body, signal: c.signal, dispatcher }));
+        if (!c.sent.reached) meters.missed();
+        return { status: res.statusCode, headers: res.headers, body: res.body };
       } catch (err) {
         throw describeTransportError(err);
       }
@@ -88,6 +160,7 @@ export function createUpstream(): Upstream {
     async close() {
       await Promise.all([...agents.values()].map((a) => a.close()));
       agents.clear();
+      meters.close();
     },
   };
 }

@@ -3,21 +3,38 @@
 import express from 'express';
 import type { Request, Response, NextFunction, Router } from 'express';
 import crypto from 'node:crypto';
-import { ServiceError, errorBody, type ErrorCode } from '../core/errors.ts';
-import { bodyWasAbandoned } from './body.ts';
+import { ServiceError, ERROR_CODES, errorBody, type ErrorCode } from '../core/errors.ts';
+import { connectionFailed, isConnectionLoss } from '../db/pool.ts';
+import { bodyWasAbandoned, ClientAborted } from './body.ts';
+import { isNulRefused } from '../db/pg-errors.ts';
 import { logger, errorFields } from '../log.ts';
+import { observeRequests, observedOf } from './observe.ts';
+import { exposition } from '../metrics/metrics.ts';
+
+// Seconds a caller is asked to wait before retrying while the database is unreachable.
+const UNAVAILABLE_RETRY_AFTER_S = 1;
 
 export type Readiness = () => Promise<boolean>;
 
 export function sendError(res: Response, code: ErrorCode, status: number, message: string): void {
+  observedOf(res).errorCode = code;
   res.status(status).set('content-type', 'application/json').send(errorBody(code, message));
 }
 
-export function createApp(opts: { ready: Readiness; routers?: Router[] }): express.Express {
+/** Bearer token check for /metrics: constant time, and only when a token is configured. */
+function metricsAllowed(req: Request, token: string | null): boolean {
+  if (token === null) return true;
+  const m = /^\s*bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '');
+  const given = crypto.createHash('sha256').update(m?.[1] ?? '').digest();
+  return m !== null && crypto.timingSafeEqual(given, crypto.createHash('sha256').update(token).digest());
+}
+
+export function createApp(opts: { ready: Readiness; routers?: Router[]; metricsToken?: string | null; openapi?: () => unknown }): express.Express {
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');
   app.set('query parser', 'simple');
+  app.use(observeRequests());
 
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
@@ -27,6 +44,27 @@ export function createApp(opts: { ready: Readiness; routers?: Router[] }): expre
     res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'unavailable' });
   });
 
+  app.get('/metrics', async (req, res) => {
+    if (!metricsAllowed(req, opts.metricsToken ?? null)) {
+      res.set('www-authenticate', 'Bearer');
+      throw new ServiceError('unauthorised', 'The metrics need Authorization: Bearer <metrics-token>.');
+    }
+    const { contentType, body } = await exposition();
+    res.status(200).set('content-type', contentType).send(body);
+  });
+  if (opts.openapi) {
+    const document = opts.openapi;
+    app.get('/openapi.json', (_req, res) => {
+      res.json(document());
+    });
+  }
+
+  // No name or id holds U+0000 (PostgreSQL text cannot), so a path with an encoded NUL in any
+  // segment names nothing: 404, for every route, before a parameter reaches a query.
+  app.use((req: Request, res: Response, next: NextFunction) => {
+    if (/%00/i.test(req.path)) sendError(res, 'not_found', 404, 'No name or id holds U+0000 (%00 in the path).');
+    else next();
+  });
   for (const router of opts.routers ?? []) app.use(router);
 
   app.use((req: Request, res: Response) => {
@@ -34,6 +72,22 @@ export function createApp(opts: { ready: Readiness; routers?: Router[] }): expre
   });
 
   app.use((err: unknown, req: Request, res: Response, _next: NextFunction) => {
+    if (err instanceof ClientAborted || (req.socket.destroyed && !res.headersSent)) {
+      logger.info('client went away before it was answered', { method: req.method, path: req.path });
+      res.destroy();
+      return;
+    }
+    if (isConnectionLoss(err)) {
+      // An outage: logged once per process (see pool.ts), answered 503 with a hint to retry.
+      connectionFailed('database connection failed', err);
+      if (res.headersSent) {
+        res.destroy();
+        return;
+      }
+      res.set('retry-after', String(UNAVAILABLE_RETRY_AFTER_S));
+      sendError(res, 'unavailable', 503, ERROR_CODES.unavailable.message);
+      return;
+    }
     if (res.headersSent) {
       // Too late for an envelope: end the connection so the client sees the failure.
       logger.error('request failed after its answer began', errorFields(err));
@@ -46,6 +100,13 @@ export function createApp(opts: { ready: Readiness; routers?: Router[] }): expre
     }
     if (err instanceof ServiceError) {
       sendError(res, err.code, err.status, err.message);
+      return;
+    }
+    if (isNulRefused(err)) {
+      // A guard missed caller text holding U+0000 on its way to a text column: the caller's
+      // input, not our fault. Logged so the missing guard is found.
+      logger.warn('text holding U+0000 reached PostgreSQL', { method: req.method, route: req.route?.path });
+      sendError(res, 'bad_request', 400, 'The request holds text with U+0000, which cannot be stored.');
       return;
     }
     if (err instanceof URIError) {

@@ -60,12 +60,20 @@ export async function readBody(req: Request, limit: number): Promise<Buffer> {
       req.off('error', onError);
       req.off('aborted', onAborted);
     };
-    const onAborted = () => onError(new Error('client aborted the request body'));
+    const onAborted = () => onError(new ClientAborted());
     req.on('data', onData);
     req.on('end', onEnd);
     req.on('error', onError);
     req.on('aborted', onAborted);
   });
+}
+
+/** The client gave up before its body arrived: nothing to answer, and not a fault of ours. */
+export class ClientAborted extends Error {
+  constructor() {
+    super('client aborted the request body');
+    this.name = 'ClientAborted';
+  }
 }
 
 const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });

@@ -3,6 +3,7 @@ import type { Router } from 'express';
 import type { Deps } from '../deps.ts';
 import { adminRouter } from './admin/index.ts';
 import { serviceRouter } from './service/routes.ts';
+import { consoleRouter } from './console/index.ts';
 import { closeServiceAuth } from './service-auth.ts';
 import { closeRouting } from '../control/resolve-model.ts';
 
@@ -10,7 +11,7 @@ export type ApiRouters = { routers: Router[]; close(): Promise<void> };
 
 export function apiRouters(deps: Deps): ApiRouters {
   return {
-    routers: [adminRouter(deps), serviceRouter(deps)],
+    routers: [consoleRouter(), adminRouter(deps), serviceRouter(deps)],
     // After the listener has drained: write pending API key last-used times, drop caches.
     close: async () => {
       await closeServiceAuth(deps);

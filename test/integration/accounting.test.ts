@@ -1,6 +1,7 @@
 // Accounting (issue 7): the listing, usage, storage, the fee ledger and credit metering.
 import { expect } from 'chai';
 import crypto from 'node:crypto';
+import net from 'node:net';
 import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, chatCompletionBody, chatFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
@@ -8,6 +9,7 @@ import { rawRequest, json, until } from '../support/http.ts';
 import { call } from '../support/control-plane.ts';
 import { recountStorage, grantCredit, setPrice } from '../../src/db/accounting.ts';
 import { newId } from '../../src/core/ids.ts';
+import { setSetting } from '../../src/config/settings.ts';
 
 const get = (t: Tenant, path: string, key = t.key) => rawRequest(`${t.base}${path}`, { headers: { 'x-sarsen-key': key } });
 const submit = (t: Tenant, body: object, path = '/chat/completions', key = t.key) =>
@@ -123,8 +125,9 @@ describe('accounting', function () {
       const usage = json(await get(t, '/usage'));
       expect(usage.accepted_submissions).to.equal(5);
       expect(usage.provider_calls).to.equal(3);
-      const sent = provider.journal.reduce((n, e) => n + e.body.length, 0);
-      expect(usage.upstream_sent_bytes).to.equal(sent);
+      // Sent bytes are what the provider's sockets read: request lines and headers included.
+      expect(usage.upstream_sent_bytes).to.equal(provider.bytesReceived());
+      expect(usage.upstream_sent_bytes).to.be.greaterThan(provider.journal.reduce((n, e) => n + e.body.length, 0));
       expect(usage.upstream_received_bytes).to.be.greaterThan(0);
       expect(usage.api_keys).to.have.length(1);
       expect(usage.api_keys[0]).to.include({ api_key_id: t.apiKeyId, ledger_events: 5, provider_calls: 3 });
@@ -132,6 +135,48 @@ describe('accounting', function () {
       const ledger = await server.pool.query(`SELECT kind, amount_micros FROM sarsen.ledger WHERE namespace_id = $1 ORDER BY id`, [t.namespaceId]);
       const kinds = ledger.rows.map((r) => `${r.kind}:${r.amount_micros}`).sort();
       expect(kinds).to.deep.equal(['attach:0', 'attach:0', 'execution:1000', 'execution:1000', 'execution:1000']);
+    });
+
+    it('a call that reached no provider is no provider call and sent nothing; one that reached it counts once, whatever its attempts', async () => {
+      const t = await provision(server, provider);
+      // A backend on a port nothing listens on: every attempt's connection is refused.
+      const closed = net.createServer();
+      await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+      const port = (closed.address() as net.AddressInfo).port;
+      await new Promise<void>((resolve) => closed.close(() => resolve()));
+      const nsPath = `/${t.tenancy}/v1/namespaces/${t.namespace}`;
+      const backend = await call(server.url, 'POST', `${nsPath}/backends`, {
+        token: t.adminToken,
+        body: { name: 'nowhere', kind: 'chat_compat', address: `http://127.0.0.1:${port}/v1`, credential: 'sk-nowhere' },
+      });
+      expect(backend.status).to.equal(201);
+      const rule = await call(server.url, 'POST', `${nsPath}/routing-rules`, { token: t.adminToken, body: { model: 'nowhere-*', backend_id: backend.body.backend_id } });
+      expect(rule.status).to.equal(201);
+      await setSetting(server.pool, 'retry_base_ms', '10');
+      await server.settings.refresh();
+      try {
+        const refused = json(await submit(t, { ...chat('refused everywhere'), model: 'nowhere-1' }, '/requests'));
+        const record = await until(async () => {
+          const r = json(await get(t, `/requests/${refused.request_id}`));
+          return r.status === 'failed' ? r : undefined;
+        });
+        expect(record.attempts).to.equal(3);
+        expect(record.error.error.code).to.equal('upstream_failed');
+        let usage = json(await get(t, '/usage'));
+        expect(usage).to.include({ accepted_submissions: 1, provider_calls: 0, upstream_sent_bytes: 0, upstream_received_bytes: 0 });
+        expect(usage.api_keys).to.deep.equal([{ api_key_id: t.apiKeyId, ledger_events: 1, provider_calls: 0, prompt_tokens: null, completion_tokens: null, total_tokens: null }]);
+
+        // Reached, and cut off before any answer, three times: one provider call, every byte counted.
+        provider.enqueue({ kind: 'drop' }, { kind: 'drop' }, { kind: 'drop' });
+        expect((await submit(t, chat('dropped'))).status).to.equal(502);
+        usage = json(await get(t, '/usage'));
+        expect(provider.journal).to.have.length(3);
+        expect(usage).to.include({ accepted_submissions: 2, provider_calls: 1, upstream_sent_bytes: provider.bytesReceived() });
+        expect(usage.api_keys[0]).to.include({ ledger_events: 2, provider_calls: 1 });
+      } finally {
+        await setSetting(server.pool, 'retry_base_ms', '1000');
+        await server.settings.refresh();
+      }
     });
 
     it('token sums are null when no answer under the key reported one, and 0 when a provider reported zero', async () => {
@@ -150,23 +195,62 @@ describe('accounting', function () {
       expect(byKey[zero.apiKeyId]).to.deep.equal({ api_key_id: zero.apiKeyId, ledger_events: 1, provider_calls: 1, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 });
     });
 
-    it('echoes the window start: thirty days by default, `since` to the hour; a bad `since` is 400', async () => {
+    it('echoes the window start exactly: thirty days ago by default, `since` to the millisecond; a bad `since` is 400', async () => {
       const t = await provision(server, provider);
       await submit(t, chat('windowed'));
-      const HOUR = 3_600_000;
+      const DAY = 86_400_000;
       const before = Date.now();
       const usage = json(await get(t, '/usage'));
-      const expected = Math.floor((before - 30 * 24 * HOUR) / HOUR) * HOUR;
-      expect(usage.itemised_since).to.be.oneOf([expected, expected + HOUR]);
+      expect(usage.itemised_since).to.be.within(before - 30 * DAY, Date.now() - 30 * DAY);
       expect(usage.api_keys).to.have.length(1);
-      const since = Date.now() - 90 * 60_000;
+      const since = Date.now() - 90 * 60_000 + 1234;
       const narrow = json(await get(t, `/usage?since=${since}`));
-      expect(narrow.itemised_since).to.equal(Math.floor(since / HOUR) * HOUR);
+      expect(narrow.itemised_since).to.equal(since);
       expect(narrow.api_keys).to.have.length(1);
-      const future = json(await get(t, `/usage?since=${Date.now() + 2 * HOUR}`));
+      const future = json(await get(t, `/usage?since=${Date.now() + 2 * 3_600_000}`));
       expect(future.api_keys).to.deep.equal([]);
       expect(future.accepted_submissions).to.equal(1); // the totals are all-time, whatever the window
       for (const bad of ['abc', '-5', '1.5', '']) expect((await get(t, `/usage?since=${bad}`)).status, bad).to.equal(400);
+    });
+
+    it('itemises exactly from `since`: whole hours from the hourly rows, the partial hour from the events, to the millisecond', async () => {
+      const t = await provision(server, provider);
+      const tokens = (n: number) => chatCompletionBody('x', { promptTokens: n, completionTokens: 1 });
+      provider.enqueue({ kind: 'json', body: tokens(100) }, { kind: 'json', body: tokens(20) }, { kind: 'json', body: tokens(3) });
+      expect((await submit(t, chat('before the window'))).status).to.equal(200); // settled before `cut`
+      await new Promise((r) => setTimeout(r, 5));
+      const cut = Date.now();
+      await new Promise((r) => setTimeout(r, 5));
+      expect((await submit(t, chat('inside the window'))).status).to.equal(200);
+      // Two hours back, whole hours, so the hour `cut` falls in is a past hour whose hourly row
+      // holds both requests: only the events can tell them apart.
+      await server.pool.query(`UPDATE sarsen.ledger SET created_at = created_at - interval '2 hours' WHERE namespace_id = $1`, [t.namespaceId]);
+      await server.pool.query(
+        `UPDATE sarsen.requests SET created_at = created_at - interval '2 hours', started_at = started_at - interval '2 hours',
+                finished_at = finished_at - interval '2 hours' WHERE namespace_id = $1`,
+        [t.namespaceId],
+      );
+      await server.pool.query(`UPDATE sarsen.key_usage_hourly SET hour = hour - interval '2 hours' WHERE namespace_id = $1`, [t.namespaceId]);
+      expect((await submit(t, chat('now'))).status).to.equal(200); // this hour's row
+      const since = cut - 2 * 3_600_000;
+
+      const usage = json(await get(t, `/usage?since=${since}`));
+      expect(usage.itemised_since).to.equal(since);
+      expect(usage.api_keys).to.deep.equal([
+        { api_key_id: t.apiKeyId, ledger_events: 2, provider_calls: 2, prompt_tokens: 23, completion_tokens: 2, total_tokens: 25 },
+      ]);
+      const all = json(await get(t, `/usage?since=${since - 3_600_000}`));
+      expect(all.api_keys[0]).to.include({ ledger_events: 3, provider_calls: 3, prompt_tokens: 123 });
+
+      // To the millisecond: a window starting at an event includes it, one a millisecond later does not.
+      const { rows } = await server.pool.query(
+        `SELECT floor(extract(epoch FROM l.created_at) * 1000)::bigint AS at FROM sarsen.ledger l JOIN sarsen.requests q ON q.id = l.request_id
+          WHERE l.namespace_id = $1 ORDER BY l.created_at LIMIT 1 OFFSET 1`,
+        [t.namespaceId],
+      );
+      const accepted = Number(rows[0].at); // the second request's acceptance, shifted
+      expect(json(await get(t, `/usage?since=${accepted}`)).api_keys[0].ledger_events).to.equal(2);
+      expect(json(await get(t, `/usage?since=${accepted + 1}`)).api_keys[0].ledger_events).to.equal(1);
     });
   });
 

@@ -186,6 +186,35 @@ describe('control plane: backends', () => {
     expect((await call(server.url, 'DELETE', `${base}/${id}`, { token })).status).to.equal(404);
   });
 
+  it('refuses a kind change that breaks a rule\'s fallback chain with 422 naming the rule; a rule without fallbacks follows its backend', async () => {
+    const rules = '/acme/v1/namespaces/main/routing-rules';
+    const made = await Promise.all(['chain-a', 'chain-b', 'chain-c'].map((name) => post({ name, kind: 'chat_compat', address: 'https://a.example' })));
+    const [a, b, c] = made.map((r) => r.body.backend_id as string);
+    const rule = await call(server.url, 'POST', rules, { token, body: { model: 'chain-*', backend_id: a, fallback_backend_ids: [b] } });
+    expect(rule.status, rule.text).to.equal(201);
+    for (const id of [a, b]) {
+      const res = await patch(id, { kind: 'messages' });
+      expect(res.status, res.text).to.equal(422);
+      expect(res.body.error.code).to.equal('unprocessable_entity');
+      expect(res.body.error.message).to.include('"chain-*"').and.include(rule.body.rule_id).and.include('speaks');
+      expect((await call(server.url, 'GET', `${base}/${id}`, { token })).body.kind).to.equal('chat_compat');
+    }
+    // Same dialect (aggregator speaks chat): allowed. A backend no chain depends on: allowed.
+    expect((await patch(b, { kind: 'aggregator' })).status).to.equal(200);
+    const alone = await call(server.url, 'POST', rules, { token, body: { model: 'alone-*', backend_id: c } });
+    expect(alone.status).to.equal(201);
+    expect((await patch(c, { kind: 'messages' })).status).to.equal(200);
+
+    // Deleting a fallback is refused as deleting a rule's backend is, naming the rule.
+    const refused = await call(server.url, 'DELETE', `${base}/${b}`, { token });
+    expect(refused.status).to.equal(409);
+    expect(refused.body.error.message).to.include('"chain-*"').and.include(rule.body.rule_id).and.include('a fallback');
+    // Once the chain lets go of it, both go.
+    expect((await call(server.url, 'PATCH', `${rules}/${rule.body.rule_id}`, { token, body: { fallback_backend_ids: [] } })).status).to.equal(200);
+    expect((await call(server.url, 'DELETE', `${base}/${b}`, { token })).status).to.equal(204);
+    expect((await patch(a, { kind: 'messages' })).status).to.equal(200);
+  });
+
   describe('caller credentials without --credential-passthrough', () => {
     it('refuses to create a caller backend with 422 passthrough_disabled', async () => {
       const res = await post({ name: 'caller', kind: 'messages', address: 'https://api.example.com', credential_source: 'caller' });
@@ -228,6 +257,17 @@ describe('control plane: backends with --credential-passthrough', () => {
     const row = (await loadBackendForCall(server.pool, res.body.backend_id))!;
     expect(row.credential_sealed).to.equal(null);
     expect(openBackendCredential(createKeyring([{ version: 1, secret: server.secrets.credentialKey }]), row)).to.equal(null);
+  });
+
+  it('refuses a credential source change that breaks a rule\'s fallback chain with 422 naming the rule', async () => {
+    const made = await Promise.all(['src-a', 'src-b'].map((name) => call(server.url, 'POST', base, { token, body: { name, kind: 'chat_compat', address: 'https://a.example', credential: newCredential() } })));
+    const [a, b] = made.map((r) => r.body.backend_id as string);
+    const rule = await call(server.url, 'POST', '/acme/v1/namespaces/main/routing-rules', { token, body: { model: 'src-*', backend_id: a, fallback_backend_ids: [b] } });
+    expect(rule.status, rule.text).to.equal(201);
+    const res = await call(server.url, 'PATCH', `${base}/${b}`, { token, body: { credential_source: 'caller' } });
+    expect(res.status, res.text).to.equal(422);
+    expect(res.body.error.message).to.include('"src-*"').and.include('credential');
+    expect((await loadBackendForCall(server.pool, b))!.credential_source).to.equal('stored');
   });
 
   it('still refuses a credential sent with credential_source caller (400)', async () => {

@@ -41,7 +41,8 @@ describe('control plane: routing rules', () => {
     it('creates a routing rule with defaults and answers it', async () => {
       const res = await post({ model: 'gpt-4o', backend_id: chat });
       expect(res.status).to.equal(201);
-      expect(res.body).to.have.all.keys('rule_id', 'model', 'backend_id', 'rewrite_model', 'priority', 'action', 'created_at');
+      expect(res.body).to.have.all.keys('rule_id', 'model', 'backend_id', 'fallback_backend_ids', 'rewrite_model', 'priority', 'action', 'created_at');
+      expect(res.body.fallback_backend_ids).to.deep.equal([]);
       expect(res.body).to.include({ model: 'gpt-4o', backend_id: chat, rewrite_model: null, priority: 0, action: 'route' });
       expect(res.body.rule_id).to.match(/^rule_/);
       expect((await call(server.url, 'GET', `${base}/${res.body.rule_id}`, { token })).body).to.deep.equal(res.body);

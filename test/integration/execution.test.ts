@@ -8,7 +8,7 @@ import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { testPool } from '../support/db.ts';
-import { rawRequest, json, until } from '../support/http.ts';
+import { rawRequest, json, until, socketRequest, requestHead } from '../support/http.ts';
 
 const CHAT_BODY = { model: 'gpt-test', messages: [{ role: 'user' as const, content: 'hello' }] };
 const MESSAGES_BODY = { model: 'claude-test', max_tokens: 64, messages: [{ role: 'user' as const, content: 'hello' }] };
@@ -130,6 +130,34 @@ describe('durable execution (non-streaming)', function () {
       expect(h.authorization).to.equal(`Bearer ${t.chatCredential}`);
     });
 
+    it('measures a forwarded value in the bytes that arrived, and forwards those bytes', async () => {
+      const utf8 = (n: number) => Buffer.from('é'.repeat(n), 'utf8');
+      const body = Buffer.from(JSON.stringify(chat()));
+      const url = new URL(t.base);
+      const head = requestHead('POST', `${url.pathname}/chat/completions`, [
+        ['host', url.host],
+        ['content-type', 'application/json'],
+        ['content-length', String(body.length)],
+        ['connection', 'close'],
+        ['x-sarsen-key', t.key],
+        ['anthropic-beta', utf8(1025)], // 2,050 bytes
+        ['anthropic-at-limit', utf8(2048)], // 4,096 bytes
+        ['anthropic-over-limit', Buffer.concat([utf8(2048), Buffer.from('x')])], // 4,097 bytes
+        ['openai-project', Buffer.from([0x70, 0xff, 0x80, 0x71])], // bytes that are not UTF-8 at all
+      ]);
+      const res = await socketRequest(t.base, head, body);
+      expect(res.status, res.body.toString()).to.equal(200);
+      const raw = provider.journal[0]!.rawHeaders;
+      const sent = (name: string) => {
+        const i = raw.findIndex((h, n) => n % 2 === 0 && h.toLowerCase() === name);
+        return i < 0 ? undefined : Buffer.from(raw[i + 1]!, 'latin1'); // node hands bytes over as latin1
+      };
+      expect(sent('anthropic-beta')).to.deep.equal(utf8(1025));
+      expect(sent('anthropic-at-limit')).to.deep.equal(utf8(2048));
+      expect(sent('anthropic-over-limit')).to.equal(undefined);
+      expect(sent('openai-project')).to.deep.equal(Buffer.from([0x70, 0xff, 0x80, 0x71]));
+    });
+
     it('refuses a submission already at the re-route ceiling with 508 naming the depth', async () => {
       const res = await post('/chat/completions', chat(), { 'x-sarsen-hops': '5' });
       expect(res.status).to.equal(508);
@@ -234,11 +262,36 @@ describe('durable execution (non-streaming)', function () {
         const j = json(r);
         return j.status === 'failed' ? { r, j } : undefined;
       });
-      expect(record.j).to.deep.equal({
-        request_id: id, status: 'failed', dialect: 'chat', streaming: false, attempts: 3, recoveries: 0, next_retry_at: null,
+      const { attempt_log: log, ...fields } = record.j;
+      expect(fields).to.deep.equal({
+        request_id: id, status: 'failed', dialect: 'chat', streaming: false, backend_id: t.backends.chat, attempts: 3, recoveries: 0, next_retry_at: null,
         error: { e: 3 }, error_status: 503, retry_after: 'Wed, 21 Oct 2015 07:28:00 GMT',
       });
+      expect(log.map((e: any) => [e.outcome, e.status])).to.deep.equal([['retried', 503], ['retried', 503], ['failed', 503]]);
       expect(record.r.body.toString()).to.include('"error":{"e":3}');
+    });
+
+    it('a refusal without retry-after has error_status and no retry_after on the record (never null)', async () => {
+      provider.enqueue({ kind: 'refuse', status: 409, body: '{"e":"no retry-after"}' });
+      expect((await post('/chat/completions', chat())).status).to.equal(409);
+      const rec = json(await rawRequest(`${t.base}/requests/${await lastRequest()}`, { headers: { 'x-sarsen-key': t.key } }));
+      const { attempt_log: _log, ...fields } = rec;
+      expect(fields).to.deep.equal({
+        request_id: rec.request_id, status: 'failed', dialect: 'chat', streaming: false, backend_id: t.backends.chat, attempts: 1, recoveries: 0, next_retry_at: null,
+        error: { e: 'no retry-after' }, error_status: 409,
+      });
+    });
+
+    it('a refusal that is not JSON passes through byte for byte, and the record wraps it beside its content type', async () => {
+      const page = '<html><body><h1>403 Forbidden</h1>\n</body></html>';
+      provider.enqueue({ kind: 'refuse', status: 403, body: page, headers: { 'content-type': 'text/html; charset=utf-8' } });
+      const res = await post('/chat/completions', chat());
+      expect(res.status).to.equal(403);
+      expect(res.headers['content-type']).to.match(/^application\/json/);
+      expect(res.body.toString()).to.equal(page);
+      const rec = json(await rawRequest(`${t.base}/requests/${await lastRequest()}`, { headers: { 'x-sarsen-key': t.key } }));
+      expect(rec.error).to.deep.equal({ body: page, content_type: 'text/html; charset=utf-8' });
+      expect(rec.error_status).to.equal(403);
     });
 
     it('a transport failure is 502 upstream_failed, stored without error_status or retry_after', async () => {
@@ -283,9 +336,10 @@ describe('durable execution (non-streaming)', function () {
         const r = await rawRequest(`${t.base}/requests/${body.request_id}`, { headers: { authorization: `Bearer ${t.key}` } });
         return json(r).status === 'succeeded' ? r : undefined;
       });
-      expect(done.body.toString()).to.equal(
-        `{"request_id":"${body.request_id}","status":"succeeded","dialect":"chat","streaming":false,"attempts":1,"recoveries":0,"next_retry_at":null,"response":${exact}}`,
-      );
+      // The stored answer is embedded byte for byte, after the record's own fields.
+      const text = done.body.toString();
+      expect(text.startsWith(`{"request_id":"${body.request_id}","status":"succeeded","dialect":"chat","streaming":false,"backend_id":"${t.backends.chat}","attempts":1,"recoveries":0,"next_retry_at":null,"attempt_log":[`)).to.equal(true);
+      expect(text.endsWith(`,"response":${exact}}`)).to.equal(true);
     });
 
     it('an unknown id, and another namespace\'s id, are 404', async () => {

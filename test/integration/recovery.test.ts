@@ -99,6 +99,12 @@ describe('surviving worker death', function () {
     }, 60_000);
     expect(record.attempts).to.equal(2);
     expect(record.recoveries).to.equal(1);
+    // The attempt history says why there were two: the first one's worker died.
+    expect(record.attempt_log.map((e: any) => [e.attempt, e.outcome, e.backend_id])).to.deep.equal([
+      [1, 'worker_died', t.backends.chat],
+      [2, 'succeeded', t.backends.chat],
+    ]);
+    expect(record.attempt_log[1].status).to.equal(200);
     expect(provider.journal.filter((e) => e.path === '/v1/chat/completions')).to.have.length(2);
     const secondCall = provider.journal[provider.journal.length - 1]!;
     process.stderr.write(`      (SIGKILL to the new attempt's provider call: ${secondCall.receivedAt - killedAt} ms)\n`);

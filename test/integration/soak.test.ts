@@ -4,7 +4,7 @@ import { expect } from 'chai';
 import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
 import { provision } from '../support/tenant.ts';
 import { startDeployment, type Deployment, type SarsenProcess } from '../support/processes.ts';
-import { recordingProvider, submitMixed, expectNothingLost, settled } from '../support/chaos.ts';
+import { recordingProvider, submitMixed, expectNothingLost, settled, strayJobs } from '../support/chaos.ts';
 
 describe('soak: executors killed at random under load', function () {
   this.timeout(180_000);
@@ -54,6 +54,8 @@ describe('soak: executors killed at random under load', function () {
       const cut = provider.journal.filter((e) => e.clientAborted).length;
       expect(recoveries).to.be.at.least(cut);
       expect(recoveries).to.be.greaterThan(0);
+      // Every recovery re-dispatched its request; none left its dead worker's job behind.
+      expect(await strayJobs(d.pool), 'jobs of no pending or running request').to.deep.equal([]);
       process.stderr.write(`      (${ok.length} requests, ${killed.length} executors killed, ${recoveries} recoveries)\n`);
     } finally {
       for (const p of [api, ...executors]) await p.kill('SIGTERM');

@@ -112,3 +112,21 @@ export async function settled(pool: pg.Pool, ids: string[], timeoutMs: number): 
     await new Promise((r) => setTimeout(r, 200));
   }
 }
+
+/**
+ * graphile-worker jobs that belong to no live request, once things have had `withinMs` to
+ * settle (a job whose completion met an outage is freed and completed by a restarted worker
+ * pool): what a recovery must not leave behind for good (a dead worker's locked job, its key
+ * taken away by a re-dispatch, would stay for hours).
+ */
+export async function strayJobs(pool: pg.Pool, withinMs = 10_000): Promise<{ id: string; key: string | null; locked_by: string | null }[]> {
+  const deadline = Date.now() + withinMs;
+  for (;;) {
+    const { rows } = await pool.query(
+      `SELECT j.id, j.key, j.locked_by FROM graphile_worker.jobs j
+        WHERE NOT EXISTS (SELECT 1 FROM sarsen.requests q WHERE q.id = j.key AND q.status IN ('pending', 'running'))`,
+    );
+    if (rows.length === 0 || Date.now() > deadline) return rows;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}

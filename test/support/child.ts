@@ -57,8 +57,16 @@ export function spawnSarsen(args: string[], env: NodeJS.ProcessEnv): SarsenChild
 
 /** Spawns `node script ...args` with its output collected (benchmarks run their helpers this way). */
 export function spawnNode(script: string, args: string[], env: NodeJS.ProcessEnv = process.env, label = script): SarsenChild {
-  const child = spawn(process.execPath, [script, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-  const release = track('child process', `${label} ${args.join(' ')}`);
+  return spawnProcess(process.execPath, [script, ...args], { env, label });
+}
+
+/**
+ * Spawns any program with its output collected. `detached` gives it a process group of its
+ * own, so a test can signal the group as a terminal's Ctrl-C does (`process.kill(-pid)`).
+ */
+export function spawnProcess(file: string, args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?: string; detached?: boolean; label?: string } = {}): SarsenChild {
+  const child = spawn(file, args, { env: opts.env ?? process.env, cwd: opts.cwd, detached: opts.detached, stdio: ['ignore', 'pipe', 'pipe'] });
+  const release = track('child process', `${opts.label ?? file} ${args.join(' ')}`);
   let out = '';
   const waiters = new Set<() => void>();
   const onData = (b: Buffer) => {

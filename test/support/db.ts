@@ -143,6 +143,19 @@ export async function createTestDatabase(settings: Partial<Settings> = {}): Prom
   await clone;
   const release = track('database', name);
   const conn = { ...(await dbServer()).admin, database: name };
+  await writeSettings(conn, settings);
+  return {
+    conn,
+    name,
+    drop: async () => {
+      await adminQuery(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      release();
+    },
+  };
+}
+
+/** Writes the test defaults and `settings` over a migrated database's settings. */
+export async function writeSettings(conn: ConnectionConfig, settings: Partial<Settings> = {}): Promise<void> {
   const client = new pg.Client(conn);
   client.on('error', () => undefined);
   await client.connect();
@@ -153,14 +166,6 @@ export async function createTestDatabase(settings: Partial<Settings> = {}): Prom
   } finally {
     await client.end();
   }
-  return {
-    conn,
-    name,
-    drop: async () => {
-      await adminQuery(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      release();
-    },
-  };
 }
 
 /** A new database with nothing in it (for tests of migrating from scratch). */

@@ -35,6 +35,8 @@ export interface FakeProvider {
   waitForRequests(n: number, timeoutMs?: number): Promise<JournalEntry[]>;
   /** Resolves once `pred()` holds; re-checked whenever a request arrives or finishes. */
   waitUntil(pred: () => boolean, timeoutMs?: number): Promise<void>;
+  /** Bytes read off every connection since the last reset(): request lines, headers and bodies, as they arrived. */
+  bytesReceived(): number;
   close(): Promise<void>;
 }
 
@@ -337,10 +339,18 @@ export async function startFakeProvider(opts: { host?: string } = {}): Promise<F
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => onRequest(req, res, chunks.length === 1 ? chunks[0] : Buffer.concat(chunks), receivedAt));
   });
+  // Bytes read per connection: counted at its close, or read live while it is open.
+  let closedBytes = 0;
+  const readBefore = new Map<Socket, number>(); // what an open connection had read at the last reset
   server.on('connection', (s: Socket) => {
     s.setNoDelay(true);
     sockets.add(s);
-    s.on('close', () => sockets.delete(s));
+    readBefore.set(s, 0);
+    s.on('close', () => {
+      closedBytes += s.bytesRead - (readBefore.get(s) ?? 0);
+      readBefore.delete(s);
+      sockets.delete(s);
+    });
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
@@ -372,7 +382,12 @@ export async function startFakeProvider(opts: { host?: string } = {}): Promise<F
       rules.push(match);
       return () => { rules = rules.filter((r) => r !== match); };
     },
-    reset: () => { journal.length = 0; queue = []; rules = []; },
+    reset: () => {
+      journal.length = 0; queue = []; rules = [];
+      closedBytes = 0;
+      for (const s of readBefore.keys()) readBefore.set(s, s.bytesRead);
+    },
+    bytesReceived: () => closedBytes + [...readBefore].reduce((n, [s, before]) => n + s.bytesRead - before, 0),
     waitUntil,
     waitForRequests: (n, timeoutMs) => waitUntil(() => journal.length >= n, timeoutMs).then(() => journal.slice()),
     close: async () => {

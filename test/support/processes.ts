@@ -13,14 +13,16 @@ export type Deployment = {
   db: TestDatabase;
   pool: pg.Pool & { release: () => void };
   secrets: SecretsDir;
-  start(role: Role): Promise<SarsenProcess>;
+  /** Starts `sarsen --role role`, with `env` added to its environment. */
+  start(role: Role, env?: Record<string, string>): Promise<SarsenProcess>;
   /** Enough of a TestServer for the provisioning helpers: the api process's url and a pool. */
   asServer(api: SarsenProcess): TestServer;
   close(): Promise<void>;
 };
 
-export async function startDeployment(settings: Partial<Settings> = {}): Promise<Deployment> {
-  const db = await createTestDatabase(settings);
+/** On a fresh test database, or on `on` (a database the test owns otherwise). */
+export async function startDeployment(settings: Partial<Settings> = {}, on?: TestDatabase): Promise<Deployment> {
+  const db = on ?? (await createTestDatabase(settings));
   const secrets = makeSecretsDir(db.conn);
   const pool = testPool(db.conn);
   const children = new Set<SarsenProcess>();
@@ -28,8 +30,8 @@ export async function startDeployment(settings: Partial<Settings> = {}): Promise
     db,
     pool,
     secrets,
-    async start(role) {
-      const child = spawnSarsen(['--role', role, '--port', '0'], sarsenEnv(db.conn, secrets.dir));
+    async start(role, env = {}) {
+      const child = spawnSarsen(['--role', role, '--port', '0'], sarsenEnv(db.conn, secrets.dir, env));
       const [, url] = await child.waitFor(/"url":"(http:[^"]+)"/);
       const owner = role === 'api' ? null : (await child.waitFor(/"owner":"(wrk_[0-9A-Z]+)"/))[1]!;
       const p = { ...child, role, url: url!, owner };

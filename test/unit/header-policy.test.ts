@@ -55,17 +55,23 @@ describe('header-policy', () => {
       }
     });
 
-    it('drops values over 4,096 UTF-8 bytes, counting bytes not characters', () => {
+    it('drops values over 4,096 bytes, counting the bytes that arrived (node hands each byte over as one latin1 character)', () => {
       const ok = 'a'.repeat(4096);
-      const multibyte = 'é'.repeat(2049); // 2,049 characters, 4,098 bytes
+      const wire = (text: string) => Buffer.from(text, 'utf8').toString('latin1'); // what node's parser gives
       const got = forwardableHeaders('messages', raw([
         ['anthropic-a', ok],
         ['anthropic-b', ok + 'a'],
-        ['anthropic-c', multibyte],
-        ['anthropic-d', 'é'.repeat(2048)],
+        ['anthropic-c', wire('é'.repeat(2049))], // 4,098 bytes
+        ['anthropic-d', wire('é'.repeat(2048))], // 4,096 bytes
+        ['anthropic-e', wire('é'.repeat(1025))], // 2,050 bytes: a UTF-8 count of the latin1 string said 4,100
       ]));
-      expect(got.map(([n]) => n)).to.deep.equal(['anthropic-a', 'anthropic-d']);
+      expect(got.map(([n]) => n)).to.deep.equal(['anthropic-a', 'anthropic-d', 'anthropic-e']);
       expect(got[0][1]).to.equal(ok); // kept whole, not truncated
+      expect(Buffer.from(got[2][1], 'latin1')).to.deep.equal(Buffer.from('é'.repeat(1025), 'utf8')); // the same bytes
+    });
+
+    it('drops a value holding a character that cannot have come off the wire (above U+00FF)', () => {
+      expect(forwardableHeaders('chat', raw([['anthropic-a', 'caf\u00e9'], ['anthropic-b', '\u20ac']]))).to.deep.equal([['anthropic-a', 'caf\u00e9']]);
     });
 
     it('drops values holding a control character', () => {

@@ -9,6 +9,7 @@ function rule(model: string, extra: Partial<Rule> = {}): Rule {
     rule_id: `rule_${String(seq).padStart(4, '0')}`,
     model,
     backend_id: `bk_${seq}`,
+    fallback_backend_ids: [],
     rewrite_model: null,
     priority: 0,
     action: 'route',

@@ -20,7 +20,7 @@ const grants = z
   .refine((g) => new Set(g).size === g.length, 'must not repeat a grant')
   .refine((g) => g.includes('use'), 'must include "use": the grants are ["use"] or ["use", "manage"]');
 
-const createSchema = z.strictObject({
+export const createSchema = z.strictObject({
   name: text(100),
   grants,
   spend_limit: spendLimit.optional(),
@@ -29,7 +29,7 @@ const createSchema = z.strictObject({
 // A prefix collision among 62^8 is rare; a few fresh draws settle it.
 const PREFIX_ATTEMPTS = 5;
 
-function keyView(k: ApiKeyRow) {
+export function keyView(k: ApiKeyRow) {
   return {
     api_key_id: k.id,
     prefix: k.prefix,

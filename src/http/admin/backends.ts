@@ -19,10 +19,11 @@ import {
   deleteBackend,
   type BackendRow,
 } from '../../db/backends.ts';
-import { countRulesUsingBackend } from '../../db/routing-rules.ts';
+import { rulesUsingBackend, type RuleRow } from '../../db/routing-rules.ts';
 import { isUniqueViolation, isForeignKeyViolation } from '../../db/pg-errors.ts';
 import { BACKEND_KINDS, dialectOfKind, normaliseBackendAddress } from '../../control/backends.ts';
 import { routingChanged } from '../../control/resolve-model.ts';
+import { chainBrokenByEdit } from '../../control/fallback-chains.ts';
 import { consoleAuth } from './console-auth.ts';
 import { namespaceParam, namespaceOf } from './namespaces.ts';
 import { readPayload, text, isoTime } from './validate.ts';
@@ -34,7 +35,7 @@ const credential = z
   // It travels in a header: a control character would end it or be refused upstream.
   .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'must not contain control characters');
 
-const createSchema = z.strictObject({
+export const createSchema = z.strictObject({
   name: text(100),
   kind: z.enum(BACKEND_KINDS),
   address: z.string().max(2048),
@@ -42,7 +43,7 @@ const createSchema = z.strictObject({
   credential_source: z.enum(['stored', 'caller']).optional(),
 });
 
-const patchSchema = z.strictObject({
+export const patchSchema = z.strictObject({
   name: text(100).optional(),
   kind: z.enum(BACKEND_KINDS).optional(),
   address: z.string().max(2048).optional(),
@@ -50,7 +51,7 @@ const patchSchema = z.strictObject({
   credential_source: z.enum(['stored', 'caller']).optional(),
 });
 
-function backendView(b: BackendRow) {
+export function backendView(b: BackendRow) {
   return {
     backend_id: b.id,
     name: b.name,
@@ -163,6 +164,10 @@ export function backendRoutes(deps: Deps, router: Router): void {
           throw new ServiceError('bad_request', 'credential: a caller-credential backend holds no credential of its own');
         }
         const kind = patch.kind ?? cur.kind;
+        if (dialectOfKind(kind) !== cur.dialect || source !== cur.credential_source) {
+          const broken = await chainBrokenByEdit(tx, ns.id, { id, dialect: dialectOfKind(kind), credential_source: source });
+          if (broken !== null) throw new ServiceError('unprocessable_entity', broken);
+        }
         let sealed: Buffer | null | undefined;
         if (source === 'caller') sealed = null; // becoming a caller backend drops any stored key
         else if (typeof patch.credential === 'string') sealed = seal(deps.keyring, patch.credential, id);
@@ -191,13 +196,13 @@ export function backendRoutes(deps: Deps, router: Router): void {
     try {
       await withTransaction(deps.pool, async (tx) => {
         if ((await lockBackend(tx, ns.id, id)) === null) throw missing();
-        const users = await countRulesUsingBackend(tx, id);
-        if (users > 0) throw rulesInTheWay(users);
+        const users = await rulesUsingBackend(tx, id);
+        if (users.length > 0) throw rulesInTheWay(id, users);
         await deleteBackend(tx, ns.id, id);
       });
     } catch (err) {
       // A rule added meanwhile: the foreign key catches what the count could not.
-      if (isForeignKeyViolation(err)) throw rulesInTheWay(1);
+      if (isForeignKeyViolation(err)) throw rulesInTheWay(id, []);
       throw err;
     }
     routingChanged(deps, ns.id);
@@ -205,9 +210,10 @@ export function backendRoutes(deps: Deps, router: Router): void {
   });
 }
 
-function rulesInTheWay(n: number): ServiceError {
-  return new ServiceError(
-    'conflict',
-    `${n} routing rule${n === 1 ? ' uses' : 's use'} this backend; delete or repoint ${n === 1 ? 'it' : 'them'} first.`,
-  );
+/** 409 naming the rules that route to the backend or fall back to it. */
+function rulesInTheWay(id: string, rules: RuleRow[]): ServiceError {
+  if (rules.length === 0) return new ServiceError('conflict', 'A routing rule uses this backend; delete or repoint it first.');
+  const named = rules.map((r) => `${JSON.stringify(r.model)} (${r.id}, ${r.backend_id === id ? 'its backend' : 'a fallback'})`);
+  const one = rules.length === 1;
+  return new ServiceError('conflict', `This backend is used by routing rule${one ? '' : 's'} ${named.join(', ')}; delete or repoint ${one ? 'it' : 'them'} first.`);
 }

@@ -10,6 +10,7 @@ import { routingRuleRoutes } from './routing-rules.ts';
 import { apiKeyRoutes } from './api-keys.ts';
 import { userRoutes } from './users.ts';
 import { billingRoutes } from './billing.ts';
+import { requestRoutes } from './requests.ts';
 
 export function adminRouter(deps: Deps): Router {
   const router = express.Router();
@@ -21,5 +22,6 @@ export function adminRouter(deps: Deps): Router {
   apiKeyRoutes(deps, router);
   userRoutes(deps, router);
   billingRoutes(deps, router);
+  requestRoutes(deps, router);
   return router;
 }

@@ -23,13 +23,13 @@ const name = z
   .string()
   .refine(isNamespaceName, 'must be 1-63 lowercase letters, digits or hyphens, starting with a letter or digit, and not "v1"');
 
-const createSchema = z.strictObject({
+export const createSchema = z.strictObject({
   name,
   retention_minutes: retentionMinutes.optional(),
   spend_limit: spendLimit.optional(),
 });
 
-const patchSchema = z.strictObject({
+export const patchSchema = z.strictObject({
   retention_minutes: retentionMinutes.optional(),
   spend_limit: spendLimit.optional(),
 });

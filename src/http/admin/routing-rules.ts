@@ -6,40 +6,46 @@ import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { withTransaction, type PoolClient } from '../../db/pool.ts';
-import { findBackend } from '../../db/backends.ts';
+import { lockBackend } from '../../db/backends.ts';
 import { insertRule, findRule, listRules, updateRule, deleteRule, type RuleRow, type RuleFields } from '../../db/routing-rules.ts';
 import { isForeignKeyViolation } from '../../db/pg-errors.ts';
 import { routingChanged } from '../../control/resolve-model.ts';
+import { fallbackMismatch } from '../../control/fallback-chains.ts';
 import { consoleAuth } from './console-auth.ts';
 import { namespaceParam, namespaceOf } from './namespaces.ts';
-import { readPayload, text, isoTime } from './validate.ts';
+import { readPayload, text, reference, isoTime } from './validate.ts';
 
 const PRIORITY_LIMIT = 1_000_000;
 const priority = z.number().int('must be an integer').min(-PRIORITY_LIMIT).max(PRIORITY_LIMIT);
 const action = z.enum(['route', 'decline']);
 const model = text(256);
 
-const createSchema = z.strictObject({
+const fallbacks = z.array(reference).max(8, 'at most 8 fallback backends');
+
+export const createSchema = z.strictObject({
   model,
-  backend_id: z.string().max(64).nullable().optional(),
+  backend_id: reference.nullable().optional(),
+  fallback_backend_ids: fallbacks.optional(),
   rewrite_model: model.nullable().optional(),
   priority: priority.optional(),
   action: action.optional(),
 });
 
-const patchSchema = z.strictObject({
+export const patchSchema = z.strictObject({
   model: model.optional(),
-  backend_id: z.string().max(64).nullable().optional(),
+  backend_id: reference.nullable().optional(),
+  fallback_backend_ids: fallbacks.optional(),
   rewrite_model: model.nullable().optional(),
   priority: priority.optional(),
   action: action.optional(),
 });
 
-function ruleView(r: RuleRow) {
+export function ruleView(r: RuleRow) {
   return {
     rule_id: r.id,
     model: r.model,
     backend_id: r.backend_id,
+    fallback_backend_ids: r.fallback_backend_ids,
     rewrite_model: r.rewrite_model,
     priority: r.priority,
     action: r.action,
@@ -47,16 +53,29 @@ function ruleView(r: RuleRow) {
   };
 }
 
-/** The rule's shape rules: a route names a backend of this namespace; a decline names neither. */
+/**
+ * The rule's shape rules: a route names a backend of this namespace and fallbacks that fit it
+ * (src/control/fallback-chains.ts); a decline names none. The backends are share-locked, so an
+ * edit or deletion of one waits for this rule and then checks against it.
+ */
 async function checkedRule(tx: PoolClient, namespaceId: string, r: RuleFields): Promise<RuleFields> {
   if (r.action === 'decline') {
     if (r.backend_id !== null) throw new ServiceError('bad_request', 'backend_id: a declining rule routes nowhere; leave it out');
+    if (r.fallback_backend_ids?.length) throw new ServiceError('bad_request', 'fallback_backend_ids: a declining rule routes nowhere; leave it out');
     if (r.rewrite_model !== null) throw new ServiceError('bad_request', 'rewrite_model: a declining rule rewrites nothing; leave it out');
     return r;
   }
   if (r.backend_id === null) throw new ServiceError('bad_request', 'backend_id: required when action is "route"');
-  if ((await findBackend(tx, namespaceId, r.backend_id)) === null) {
-    throw new ServiceError('not_found', `No backend ${JSON.stringify(r.backend_id)} in this namespace.`);
+  const primary = await lockBackend(tx, namespaceId, r.backend_id, 'share');
+  if (primary === null) throw new ServiceError('not_found', `No backend ${JSON.stringify(r.backend_id)} in this namespace.`);
+  const seen = new Set([r.backend_id]);
+  for (const id of r.fallback_backend_ids ?? []) {
+    if (seen.has(id)) throw new ServiceError('bad_request', `fallback_backend_ids: ${JSON.stringify(id)} is named twice (or is the rule's backend)`);
+    seen.add(id);
+    const b = await lockBackend(tx, namespaceId, id, 'share');
+    if (b === null) throw new ServiceError('not_found', `No backend ${JSON.stringify(id)} in this namespace.`);
+    const why = fallbackMismatch(primary, b);
+    if (why !== null) throw new ServiceError('unprocessable_entity', `fallback_backend_ids: ${JSON.stringify(id)} ${why}.`);
   }
   return r;
 }
@@ -84,6 +103,7 @@ export function routingRuleRoutes(deps: Deps, router: Router): void {
       const fields = await checkedRule(tx, ns.id, {
         model: body.model,
         backend_id: body.backend_id ?? null,
+        fallback_backend_ids: body.fallback_backend_ids ?? [],
         rewrite_model: body.rewrite_model ?? null,
         priority: body.priority ?? 0,
         action: body.action ?? 'route',
@@ -113,6 +133,7 @@ export function routingRuleRoutes(deps: Deps, router: Router): void {
       const fields = await checkedRule(tx, ns.id, {
         model: patch.model ?? cur.model,
         backend_id: patch.backend_id !== undefined ? patch.backend_id : declining ? null : cur.backend_id,
+        fallback_backend_ids: patch.fallback_backend_ids ?? (declining ? [] : cur.fallback_backend_ids),
         rewrite_model: patch.rewrite_model !== undefined ? patch.rewrite_model : declining ? null : cur.rewrite_model,
         priority: patch.priority ?? cur.priority,
         action: nextAction,

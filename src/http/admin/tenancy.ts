@@ -8,12 +8,12 @@ import { effectiveRetentionMinutes } from '../../core/retention.ts';
 import { consoleAuth, consoleOf } from './console-auth.ts';
 import { readPayload, text, retentionMinutes, isoTime } from './validate.ts';
 
-const patchSchema = z.strictObject({
+export const patchSchema = z.strictObject({
   display_name: text(200).optional(),
   retention_minutes: retentionMinutes.optional(),
 });
 
-function tenancyView(deps: Deps, t: TenancyRow) {
+export function tenancyView(deps: Deps, t: TenancyRow) {
   return {
     tenancy_id: t.id,
     slug: t.slug,

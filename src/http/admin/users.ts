@@ -24,8 +24,8 @@ import { readPayload, email, isoTime } from './validate.ts';
 
 const role = z.enum(['owner', 'admin', 'viewer']);
 
-const createSchema = z.strictObject({ email, role });
-const patchSchema = z.strictObject({ role: role.optional(), disabled: z.boolean().optional() });
+export const createSchema = z.strictObject({ email, role });
+export const patchSchema = z.strictObject({ role: role.optional(), disabled: z.boolean().optional() });
 
 export function userView(u: UserRow) {
   return {

@@ -38,6 +38,12 @@ export const text = (max: number) =>
     .max(max, `must be at most ${max} characters`)
     .refine((s) => !CONTROL.test(s), 'must not contain control characters');
 
+/** The id of another resource named in a payload (a rule's backend_id): no control characters. */
+export const reference = z
+  .string()
+  .max(64, 'must be at most 64 characters')
+  .refine((s) => !CONTROL.test(s), 'must not contain control characters');
+
 export const INT4_MAX = 2_147_483_647;
 
 /** Minutes of retention: an integer ≥ 0, or null for unset. */
@@ -47,7 +53,8 @@ export const retentionMinutes = z.number().int('must be an integer').min(0, 'mus
 export const spendLimit = z.number().int('must be an integer').min(0, 'must be 0 or more').max(Number.MAX_SAFE_INTEGER).nullable();
 
 export const EMAIL_MAX = 254;
-const EMAIL_RE = /^[^\s@]+@[^\s@]+$/;
+// eslint-disable-next-line no-control-regex
+const EMAIL_RE = /^[^\s@\u0000-\u001f\u007f]+@[^\s@\u0000-\u001f\u007f]+$/;
 
 /** An email address, trimmed and lower-cased (accounts are matched case-insensitively). */
 export const email = z

@@ -5,22 +5,26 @@ import type { Deps } from '../../deps.ts';
 import { serviceAuth, serviceAuthOf } from '../service-auth.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { acceptSubmission } from './submit.ts';
-import { recordJson } from './record.ts';
-import { heldAnswer, liveStream, replay } from './streams.ts';
-import { accountRoutes } from './accounts.ts';
-import { readRecord, type Dialect } from '../../db/requests.ts';
+import { readRequest } from './record.ts';
+import { heldAnswer, liveStream } from './streams.ts';
+import { accountRoutes, keyScope } from './accounts.ts';
+import type { Dialect } from '../../db/requests.ts';
+import { cancelHandler } from './cancel.ts';
+import { noteSubmission } from '../observe.ts';
+import { trackStream } from '../../metrics/metrics.ts';
 
 const BASE = '/:tenancy/:namespace/v1';
 
 async function synchronous(deps: Deps, req: Request, res: Response, dialect: Dialect): Promise<void> {
   const auth = serviceAuthOf(res);
   const sub = await acceptSubmission(deps, req, auth, dialect, { fireAndForget: false });
+  noteSubmission(res, sub);
   const hold = deps.settings.current().synchronous_hold_ms;
   const watched = { id: sub.requestId, namespaceId: auth.namespaceId, streaming: sub.streaming };
   // A request this submission started has nothing stored yet: its watch reads nothing until
   // an event says something happened.
   const fresh = !sub.attached;
-  if (sub.streaming) await liveStream(deps, res, watched, hold, fresh);
+  if (sub.streaming) await trackStream('live', () => liveStream(deps, res, watched, hold, fresh));
   else await heldAnswer(deps, res, watched, hold, fresh);
 }
 
@@ -37,25 +41,15 @@ export function serviceRouter(deps: Deps): Router {
       throw new ServiceError('bad_request', 'The `dialect` parameter must be `chat` or `messages`.');
     }
     const sub = await acceptSubmission(deps, req, serviceAuthOf(res), dialect, { fireAndForget: true });
+    noteSubmission(res, sub);
     res.status(202).json({ request_id: sub.requestId, status: sub.status });
   });
 
-  accountRoutes(deps, router, BASE);
+  accountRoutes(deps, router, keyScope(deps, BASE));
 
-  router.get(`${BASE}/requests/:id`, use, async (req, res) => {
-    const auth = serviceAuthOf(res);
-    const record = await readRecord(deps.pool, auth.namespaceId, String(req.params.id));
-    if (!record) throw new ServiceError('not_found', 'No such request in this namespace.');
-    if (record.expired) throw new ServiceError('record_expired');
-    if (/\btext\/event-stream\b/i.test(req.headers.accept ?? '')) {
-      if (!record.streaming) {
-        throw new ServiceError('bad_request', 'This request was not streamed; read it as JSON (without Accept: text/event-stream).');
-      }
-      await replay(deps, req, res, { id: record.id, namespaceId: record.namespace_id, streaming: true });
-      return;
-    }
-    res.status(200).set('content-type', 'application/json').send(recordJson(record));
-  });
+  router.post(`${BASE}/requests/:id/cancel`, use, (req, res) => cancelHandler(deps, req, res, serviceAuthOf(res).namespaceId));
+
+  router.get(`${BASE}/requests/:id`, use, (req, res) => readRequest(deps, req, res, serviceAuthOf(res).namespaceId));
 
   return router;
 }

@@ -4,7 +4,7 @@
 import type { Request, Response } from 'express';
 import type { BaseDeps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
-import type { Answer, ChunkRow } from '../../db/requests.ts';
+import type { StoredAnswer, BodyPages, ChunkRow } from '../../db/requests.ts';
 import { watch, type Watched } from './watch.ts';
 
 const KEEP_ALIVE_MS = 15_000;
@@ -17,20 +17,30 @@ const SSE_HEADERS = {
   'x-accel-buffering': 'no',
 };
 
+// A large stored body is sent this much at a time, the next slice read once the socket took the last.
+const BODY_SLICE = 64 * 1024;
+
 /** The stored answer as the provider gave it: success or refusal byte for byte, or our 502. */
-export function sendAnswer(res: Response, a: Answer): void {
-  if (a.status === 'succeeded') {
-    res.status(a.httpStatus).set('content-type', a.contentType ?? 'application/json').send(a.body);
+export async function sendAnswer(res: Response, a: StoredAnswer): Promise<void> {
+  if (a.status === 'failed' && a.errorStatus !== null && a.retryAfter !== null) res.set('retry-after', a.retryAfter);
+  // A failure that was not an HTTP answer: the stored body is our own envelope (upstream_failed
+  // or cancelled), sent with that code's status.
+  const status = a.status === 'succeeded' ? a.httpStatus : (a.errorStatus ?? a.httpStatus);
+  const contentType = a.status === 'succeeded' ? (a.contentType ?? 'application/json') : 'application/json';
+  res.status(status).set('content-type', contentType);
+  if (Buffer.isBuffer(a.body)) {
+    res.send(a.body);
     return;
   }
-  if (a.errorStatus !== null) {
-    if (a.retryAfter !== null) res.set('retry-after', a.retryAfter);
-    res.status(a.errorStatus).set('content-type', 'application/json').send(a.body);
-    return;
+  res.set('content-length', String(a.body.length));
+  for (let from = 0; from < a.body.length && !res.destroyed; from += BODY_SLICE) {
+    await send(res, await a.body.read(from, BODY_SLICE));
   }
-  // A failure that was not an HTTP answer: the stored body is our own upstream_failed envelope.
-  res.status(502).set('content-type', 'application/json').send(a.body);
+  res.end();
 }
+
+/** A body whole (failures are small: the executor keeps at most 1 MiB of a refusal). */
+const wholeBody = async (body: Buffer | BodyPages): Promise<Buffer> => (Buffer.isBuffer(body) ? body : body.read(0, body.length));
 
 /** One SSE event whose data may span lines (each line gets its own `data:`). */
 export function sseEvent(event: string, data: string): string {
@@ -46,11 +56,14 @@ export const SUPERSEDED_EVENT = sseEvent(
 );
 
 /** The stored error as an `event: failed` (no id: a failure is not a place to resume from). */
-const failedEvent = (a: Answer): string => sseEvent('failed', a.body.toString('utf8'));
+const failedEvent = async (a: StoredAnswer): Promise<string> => sseEvent('failed', (await wholeBody(a.body)).toString('utf8'));
 
 /** Resolves once the write buffer drains (or the caller left), so a slow reader is not buffered for. */
 function drained(res: Response): Promise<void> {
   return new Promise((resolve) => {
+    // A caller already gone never drains (and 'close' came before): waiting would hold this
+    // request's state, and the page it was sending, for good.
+    if (res.destroyed || res.closed) return resolve();
     const done = () => {
       res.off('drain', done);
       res.off('close', done);
@@ -146,7 +159,7 @@ export async function liveStream(deps: BaseDeps, res: Response, r: Watched, hold
         break following;
       } else {
         if (!started) return sendAnswer(res, ev.answer);
-        if (ev.answer.status === 'failed') await write(failedEvent(ev.answer));
+        if (ev.answer.status === 'failed') await write(await failedEvent(ev.answer));
         break following;
       }
     }
@@ -174,7 +187,7 @@ export async function replay(deps: BaseDeps, req: Request, res: Response, r: Wat
       await send(res, SUPERSEDED_EVENT);
       break;
     } else {
-      if (ev.answer.status === 'failed') await send(res, failedEvent(ev.answer));
+      if (ev.answer.status === 'failed') await send(res, await failedEvent(ev.answer));
       break;
     }
   }

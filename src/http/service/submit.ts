@@ -56,6 +56,8 @@ export async function acceptSubmission(
   if (!isJsonObject(value)) throw new ServiceError('bad_request', 'The body must be a JSON object.');
   const model = topLevelString(value, 'model');
   if (model === undefined) throw new ServiceError('bad_request', 'The body must name a `model` as a string.');
+  // The model is stored as text, which cannot hold U+0000 (the body keeps its escape as sent).
+  if (model.includes('\u0000')) throw new ServiceError('bad_request', 'The `model` must not contain U+0000.');
   const streaming = topLevelBoolean(value, 'stream') === true;
 
   const resolution = await resolveModel(deps, auth.namespaceId, model);
@@ -99,6 +101,7 @@ export async function acceptSubmission(
       namespaceId: auth.namespaceId,
       apiKeyId: auth.apiKeyId,
       backendId: backend.backend_id,
+      fallbackBackendIds: rule.fallback_backend_ids,
       backend,
       dialect,
       streaming,

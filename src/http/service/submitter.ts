@@ -3,7 +3,7 @@
 // costs a share of one commit. A process that also executes (role both) claims what it accepts
 // in that same statement, while it has a free slot, and starts the provider call as soon as
 // the batch commits; the rest wait as jobs for any executor.
-import { createBatchPool, retryOnConnectionLoss, type ConnectionConfig, type Pool } from '../../db/pool.ts';
+import { createBatchPool, retryTransient, type ConnectionConfig, type Pool } from '../../db/pool.ts';
 import type { Settings, SettingsCache } from '../../config/settings.ts';
 import { submitBatch, submitMetered, type NewRequest, type Submitted, type SubmitSettings } from '../../db/submissions.ts';
 import type { Attempt } from '../../db/attempts.ts';
@@ -12,6 +12,8 @@ import { createBatcher } from '../../core/batcher.ts';
 
 // Bound on one statement's parameters.
 const MAX_BATCH = 500;
+// How long a submission rides out a lost database before it is answered 503 unavailable.
+const OUTAGE_PATIENCE_MS = 1000;
 
 /** The executor of this process, as acceptance sees it (src/executor/runner.ts). */
 export type LocalRunner = {
@@ -42,6 +44,7 @@ function claimedAttempt(s: Submission, submitted: Submitted): Attempt {
     sealedCredential: s.sealedCredential,
     backend: s.backend,
     jobId: submitted.jobId,
+    cancelRequested: false,
   };
 }
 
@@ -49,13 +52,13 @@ function claimedAttempt(s: Submission, submitted: Submitted): Attempt {
 export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: SettingsCache, runner: LocalRunner | null): Submitter {
   const writer = createBatchPool(conn, 'sarsen-submissions');
   const batches = createBatcher<NewRequest, Submitted | null>(
-    (batch) => retryOnConnectionLoss(() => submitBatch(writer, batch, submitSettings(settings.current()))),
+    (batch) => retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current())), OUTAGE_PATIENCE_MS),
     { maxBatch: MAX_BATCH },
   );
   // A repeat after a lost connection finds what the first try committed (see submitBatch).
   const once = (r: NewRequest): Promise<Submitted | null> => {
     const s = settings.current();
-    return s.metering_enabled ? retryOnConnectionLoss(() => submitMetered(pool, r, submitSettings(s))) : batches.add(r);
+    return s.metering_enabled ? retryTransient(() => submitMetered(pool, r, submitSettings(s)), OUTAGE_PATIENCE_MS) : batches.add(r);
   };
 
   return {

@@ -8,14 +8,15 @@
 // flush committed, so every id a reader saw can be read again.
 import type { BaseDeps } from '../../deps.ts';
 import type { RequestEvent } from '../../db/events.ts';
-import { readRecord, readStreamState, answerOf, isTerminal, type Answer, type ChunkRow } from '../../db/requests.ts';
+import { readAnswer as readStoredAnswer, readStreamState, isTerminal, type StoredAnswer, type ChunkRow } from '../../db/requests.ts';
 import { readFrames, frameExists } from '../../db/chunks.ts';
+import { retryTransient } from '../../db/pool.ts';
 
 export type WatchEvent =
   /** Frames in order, numbered consecutively (as many as were at hand). */
   | { type: 'frames'; frames: readonly ChunkRow[] }
   /** The request settled; `answer` is what it stored. */
-  | { type: 'end'; answer: Answer }
+  | { type: 'end'; answer: StoredAnswer }
   /** The attempt whose frames were delivered was discarded (its worker died, another took over). */
   | { type: 'superseded' }
   /** `idleMs` passed without news (callers send keep-alives or check deadlines). */
@@ -32,11 +33,14 @@ export type WatchOptions = {
   fresh?: boolean;
 };
 
-// Stored rows per read (each holds the frames of one flush).
-const PAGE = 100;
+// One read of stored frames: rows (each the frames of one flush, at most 64 KiB) and bytes.
+// A reader holds about one page, whatever the stream's length; the next page is read only
+// once the caller's socket took the last one (the routes wait for 'drain').
+const PAGE = { rows: 100, maxBytes: 64 * 1024 };
 const BACKSTOP_POLL_MS = 2_000;
 // Frames held in memory for a reader that is behind; past this it reads the table instead.
 const MAX_INBOX = 256;
+const MAX_INBOX_BYTES = 256 * 1024;
 
 export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): AsyncGenerator<WatchEvent> {
   let after = opts.afterSeq;
@@ -44,8 +48,9 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
   // What is known but not yet delivered: frames handed over in memory, the newest committed
   // sequence announced, the answer handed over in memory.
   let inbox: ChunkRow[] = [];
+  let inboxBytes = 0;
   let announced = after;
-  let answer: Answer | null = null;
+  let answer: StoredAnswer | null = null;
   // Whether the database must be read: the stored frames, and the state (it changed somewhere
   // else, or the bus reconnected, or the backstop interval passed).
   let readTable = !opts.fresh;
@@ -60,7 +65,10 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
   };
   const onEvent = (ev: RequestEvent) => {
     if (ev.type === 'frames') {
-      if (ev.frames && inbox.length < MAX_INBOX) inbox.push(...ev.frames);
+      if (ev.frames && inbox.length < MAX_INBOX && inboxBytes < MAX_INBOX_BYTES) {
+        inbox.push(...ev.frames);
+        for (const f of ev.frames) inboxBytes += f.frame.length;
+      }
       announced = Math.max(announced, ev.seq);
     } else if (ev.type === 'state' && ev.answer) answer = ev.answer;
     else stateNews = true;
@@ -70,10 +78,13 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
     readTable = stateNews = true;
     poke();
   };
+  // Reads ride out a database outage (the caller stays held) until they succeed or the caller leaves.
+  const db = <T>(read: () => Promise<T>): Promise<T> => retryTransient(read, Infinity, { signal: opts.signal, onReturn: onReconnect });
   /** The inbox's frames that continue exactly after `after`, or null when it has none (read the table). */
   const takeInbox = (): ChunkRow[] | null => {
     const held = inbox;
     inbox = [];
+    inboxBytes = 0;
     let from = 0;
     while (from < held.length && held[from]!.seq <= after) from++;
     if (from === held.length || held[from]!.seq !== after + 1) return null;
@@ -90,7 +101,7 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
     if (run) return run;
     if (!readTable && announced <= after) return [];
     const before = announced;
-    const { frames, more } = await readFrames(deps.pool, r.id, after, PAGE);
+    const { frames, more } = await db(() => readFrames(deps.pool, r.id, after, PAGE));
     readTable = more; // a full page: there may be more
     // Otherwise the table has all there is: what was announced and is missing was discarded
     // (its attempt was superseded, which the state read tells).
@@ -131,8 +142,8 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
     // A resume point that was handed out but is no longer stored belongs to a discarded
     // attempt (frames are only ever removed that way while the record lives).
     if (after > 0) {
-      const initial = await readStreamState(deps.pool, r.id);
-      if (initial && after <= initial.seqHigh && !(await frameExists(deps.pool, r.id, after))) {
+      const initial = await db(() => readStreamState(deps.pool, r.id));
+      if (initial && after <= initial.seqHigh && !(await db(() => frameExists(deps.pool, r.id, after)))) {
         yield { type: 'superseded' };
         return;
       }
@@ -160,7 +171,7 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
       if (!answer && stateNews) {
         stateNews = false; // before the read: news arriving during it sets it again
         if (r.streaming) {
-          const state = await readStreamState(deps.pool, r.id);
+          const state = await db(() => readStreamState(deps.pool, r.id));
           if (state === null) return;
           // Frames were delivered from an attempt that is no longer the live one: its worker
           // died and the request went back to pending (or another attempt already took it).
@@ -168,9 +179,9 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
             yield { type: 'superseded' };
             return;
           }
-          if (isTerminal(state.status)) answer = await readAnswer(deps, r);
+          if (isTerminal(state.status)) answer = await db(() => readAnswer(deps, r));
         } else {
-          answer = await readAnswer(deps, r);
+          answer = await db(() => readAnswer(deps, r));
         }
         // Frames commit before the terminal write: those not yet delivered are in the table.
         if (answer) readTable = true;
@@ -179,6 +190,7 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
         for (let rest = await nextFrames(); rest.length > 0; rest = await nextFrames()) {
           after = rest[rest.length - 1]!.seq;
           yield { type: 'frames', frames: rest };
+          if (opts.signal.aborted) return;
         }
         yield { type: 'end', answer };
         return;
@@ -202,8 +214,8 @@ export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): As
 }
 
 /** The stored answer; null while the request has not settled. */
-async function readAnswer(deps: BaseDeps, r: Watched): Promise<Answer | null> {
-  const record = await readRecord(deps.pool, r.namespaceId, r.id);
-  if (!record) throw new Error(`request ${r.id} vanished while watched`);
-  return answerOf(record);
+async function readAnswer(deps: BaseDeps, r: Watched): Promise<StoredAnswer | null> {
+  const answer = await readStoredAnswer(deps.pool, r.namespaceId, r.id);
+  if (answer === undefined) throw new Error(`request ${r.id} vanished while watched`);
+  return answer;
 }

@@ -1,0 +1,169 @@
+// Prometheus metrics (prom-client), one registry per process, `sarsen_` prefix. Instrumented
+// code calls the small functions below, each a counter or histogram update in memory: nothing
+// here reads the database on a request's path. Gauges that need a look elsewhere (pools, the
+// requests by state) are read when scraped, through sources the composition root registers.
+//
+// Label values are bounded: route patterns, dialects, backend kinds, status classes, error
+// codes, reasons. Never a request id, a key, a prompt or a model name.
+import client from 'prom-client';
+
+export const registry = new client.Registry();
+client.collectDefaultMetrics({ register: registry, prefix: 'sarsen_' });
+
+const counter = (name: string, help: string, labelNames: string[] = []) => new client.Counter({ name, help, labelNames, registers: [registry] });
+const histogram = (name: string, help: string, buckets: number[], labelNames: string[] = []) =>
+  new client.Histogram({ name, help, buckets, labelNames, registers: [registry] });
+
+// Seconds: from a millisecond up to the five-minute synchronous hold.
+const LATENCY = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+
+const submissions = counter('sarsen_submissions_total', 'Submissions by route, dialect and outcome (new execution, attached, refused with its error code).', ['route', 'dialect', 'outcome', 'code']);
+const heldTooLong = counter('sarsen_held_too_long_total', 'Synchronous waits that ended in 504 held_too_long.', ['route']);
+const httpRequests = histogram('sarsen_http_request_duration_seconds', 'HTTP requests by route pattern, method and status class, and how long they took.', LATENCY, ['route', 'method', 'status_class']);
+const providerCalls = histogram('sarsen_provider_call_duration_seconds', 'Provider calls by backend kind and status class (transport: no HTTP answer), time to the response headers.', LATENCY, ['backend_kind', 'status_class']);
+const retries = counter('sarsen_retries_total', 'Provider attempts that will be retried, by reason (the provider status, or transport).', ['reason']);
+const recoveries = counter('sarsen_recoveries_total', 'Requests this process re-dispatched from a dead or expired attempt (recovery sweep).');
+const handBacks = counter('sarsen_hand_backs_total', 'Attempts this process handed back, by reason.', ['reason']);
+const acceptanceToCall = histogram('sarsen_acceptance_to_provider_call_seconds', 'Time from a request\'s acceptance to its first provider call.', LATENCY);
+const firstFrame = histogram('sarsen_time_to_first_frame_seconds', 'Time from a streamed request\'s acceptance to its first frame from the provider (first attempts).', LATENCY);
+const framesStored = counter('sarsen_frames_stored_total', 'Stream frames committed by the chunk writer.');
+const flushFrames = histogram('sarsen_chunk_flush_frames', 'Frames per chunk-writer flush.', [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000]);
+const flushSeconds = histogram('sarsen_chunk_flush_duration_seconds', 'Chunk-writer flush latency (statement and commit).', LATENCY);
+const streams = new client.Gauge({ name: 'sarsen_streams', help: 'Streams open to callers now: live (a streaming submission) or replay (by id).', labelNames: ['kind'], registers: [registry] });
+streams.set({ kind: 'live' }, 0);
+streams.set({ kind: 'replay' }, 0);
+const busReconnects = counter('sarsen_bus_reconnects_total', 'Times the event bus re-established its LISTEN connection.');
+const sweeps = counter('sarsen_sweeps_total', 'Sweep passes by sweep (recovery, retention) and result (ok, failed).', ['sweep', 'result']);
+const swept = counter('sarsen_swept_total', 'What sweeps did: recovered requests, and expired records, claims, listing rows and ledger entries.', ['kind']);
+
+export type SubmissionOutcome = 'new' | 'attached' | 'refused';
+
+export function countSubmission(route: string, dialect: string, outcome: SubmissionOutcome, code = ''): void {
+  submissions.inc({ route, dialect, outcome, code });
+}
+
+export function countHeldTooLong(route: string): void {
+  heldTooLong.inc({ route });
+}
+
+export function observeHttp(route: string, method: string, status: number, seconds: number): void {
+  httpRequests.observe({ route, method, status_class: `${Math.floor(status / 100)}xx` }, seconds);
+}
+
+/** A provider call that answered `status` (or null: no HTTP answer), `startedAt` from performance.now(). */
+export function observeProviderCall(backendKind: string, status: number | null, startedAt: number): void {
+  const statusClass = status === null ? 'transport' : `${Math.floor(status / 100)}xx`;
+  providerCalls.observe({ backend_kind: backendKind, status_class: statusClass }, (performance.now() - startedAt) / 1000);
+}
+
+export function countRetry(reason: number | 'transport'): void {
+  retries.inc({ reason: String(reason) });
+}
+
+export function countRecoveries(n: number): void {
+  recoveries.inc(n);
+  swept.inc({ kind: 'recovered' }, n);
+}
+
+export function countHandBack(reason: string): void {
+  handBacks.inc({ reason });
+}
+
+/** `acceptedAt` in epoch ms (a request id's time). */
+export function observeAcceptanceToCall(acceptedAt: number): void {
+  acceptanceToCall.observe(Math.max(0, Date.now() - acceptedAt) / 1000);
+}
+
+export function observeFirstFrame(acceptedAt: number): void {
+  firstFrame.observe(Math.max(0, Date.now() - acceptedAt) / 1000);
+}
+
+export function observeFlush(frames: number, stored: number, startedAt: number): void {
+  flushFrames.observe(frames);
+  flushSeconds.observe((performance.now() - startedAt) / 1000);
+  framesStored.inc(stored);
+}
+
+/** Counts a stream to a caller for as long as `run` runs. */
+export async function trackStream<T>(kind: 'live' | 'replay', run: () => Promise<T>): Promise<T> {
+  streams.inc({ kind });
+  try {
+    return await run();
+  } finally {
+    streams.dec({ kind });
+  }
+}
+
+export function countBusReconnect(): void {
+  busReconnects.inc();
+}
+
+export function countSweep(sweep: 'recovery' | 'retention', ok: boolean): void {
+  sweeps.inc({ sweep, result: ok ? 'ok' : 'failed' });
+}
+
+export function countExpired(counts: Record<string, number>): void {
+  for (const [kind, n] of Object.entries(counts)) if (n > 0) swept.inc({ kind: `expired_${kind}` }, n);
+}
+
+// --- gauges read at scrape time -------------------------------------------------------------
+
+type PoolLike = { totalCount: number; idleCount: number; waitingCount: number };
+const pools = new Map<PoolLike, string>();
+
+new client.Gauge({
+  name: 'sarsen_db_pool_connections',
+  help: 'Database pool connections by pool and state (in_use, idle, waiting: callers queued for a connection).',
+  labelNames: ['pool', 'state'],
+  registers: [registry],
+  collect() {
+    this.reset();
+    for (const [pool, name] of pools) {
+      this.inc({ pool: name, state: 'in_use' }, pool.totalCount - pool.idleCount);
+      this.inc({ pool: name, state: 'idle' }, pool.idleCount);
+      this.inc({ pool: name, state: 'waiting' }, pool.waitingCount);
+    }
+  },
+});
+
+/** Reports a pool under `name` until the returned function is called. */
+export function registerPool(name: string, pool: PoolLike): () => void {
+  pools.set(pool, name);
+  return () => void pools.delete(pool);
+}
+
+type StateCounts = () => Promise<Record<string, number>>;
+const stateSources = new Set<StateCounts>();
+// A scrape reads the database at most this often; scrapes in between get the last figures.
+const STATE_READ_EVERY_MS = 1000;
+let lastRead: { at: number; counts: Promise<Record<string, number>> } | null = null;
+
+new client.Gauge({
+  name: 'sarsen_requests',
+  help: 'Requests in a live state (pending, running), deployment-wide, read from the database at scrape time.',
+  labelNames: ['state'],
+  registers: [registry],
+  async collect() {
+    this.reset();
+    const source = stateSources.values().next().value;
+    if (!source) return;
+    if (!lastRead || Date.now() - lastRead.at >= STATE_READ_EVERY_MS) lastRead = { at: Date.now(), counts: source() };
+    const counts = await lastRead.counts.catch(() => null);
+    if (counts === null) lastRead = null;
+    for (const [state, n] of Object.entries(counts ?? {})) this.set({ state }, n);
+  },
+});
+
+/** The database read behind `sarsen_requests`, until the returned function is called. */
+export function registerRequestStates(source: StateCounts): () => void {
+  stateSources.add(source);
+  lastRead = null;
+  return () => {
+    stateSources.delete(source);
+    lastRead = null;
+  };
+}
+
+export async function exposition(): Promise<{ contentType: string; body: string }> {
+  return { contentType: registry.contentType, body: await registry.metrics() };
+}

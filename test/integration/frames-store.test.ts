@@ -1,0 +1,70 @@
+// Storing stream frames is safe to repeat: when a flush's commit succeeds but its answer is lost
+// with the connection, the chunk writer stores the same frames again. The repeat must find them
+// stored (not fail on the primary key, which would hand a healthy attempt back) and must not
+// count their bytes twice.
+import { expect } from 'chai';
+import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
+import { startTestServer, type TestServer } from '../support/server.ts';
+import { provision, type Tenant } from '../support/tenant.ts';
+import { testPool } from '../support/db.ts';
+import { storeFrames } from '../../src/db/chunks.ts';
+
+describe('storing stream frames again', function () {
+  this.timeout(60_000);
+  let provider: FakeProvider;
+  let server: TestServer;
+  let t: Tenant;
+
+  before(async () => {
+    provider = await startFakeProvider();
+    server = await startTestServer();
+    t = await provision(server, provider);
+  });
+  after(async () => {
+    await server?.close();
+    await provider?.close();
+  });
+
+  it('answers the frames as stored and counts their bytes once', async () => {
+    // A stream that sends one frame and then holds its request running.
+    provider.rule(() => ({ kind: 'sse', frames: ['data: {"first":true}\n\n', 'data: [DONE]\n\n'], frameDelayMs: 30_000 }));
+    const res = await fetch(`${t.base}/requests`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
+      body: JSON.stringify({ model: 'gpt-test', stream: true, messages: [{ role: 'user', content: 'store twice' }] }),
+    });
+    expect(res.status).to.equal(202);
+    const { request_id: id } = (await res.json()) as { request_id: string };
+    const pool = testPool(server.db.conn, 2);
+    try {
+      const running = async () => {
+        for (let i = 0; i < 200; i++) {
+          const { rows } = await pool.query<{ attempts: number }>(
+            `SELECT q.attempts FROM sarsen.requests q WHERE q.id = $1 AND q.status = 'running' AND EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = q.id)`,
+            [id],
+          );
+          if (rows[0]) return rows[0].attempts;
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        throw new Error('the stream never stored its first frame');
+      };
+      const attempt = await running();
+      const chunkBytes = async () =>
+        (await pool.query<{ n: number }>(`SELECT coalesce(sum(chunk_bytes), 0)::int AS n FROM sarsen.usage_rollup WHERE namespace_id = $1`, [t.namespaceId])).rows[0]!.n;
+      const before = await chunkBytes();
+      const frame = Buffer.from('data: {"stored":"twice"}\n\n');
+      const row = { requestId: id, attempt, seq: 1000, frame };
+      const first = await storeFrames(pool, [row], 'test');
+      const again = await storeFrames(pool, [row], 'test');
+      expect(first.get(id)).to.deep.equal({ attempt, seq: 1000 });
+      expect(again.get(id)).to.deep.equal({ attempt, seq: 1000 });
+      expect(await chunkBytes()).to.equal(before + frame.length);
+      // Other bytes under a stored sequence number are not this flush's: they are refused.
+      const other = await storeFrames(pool, [{ ...row, frame: Buffer.from('data: {"other":1}\n\n') }], 'test');
+      expect(other.has(id)).to.equal(false);
+      await pool.query(`UPDATE sarsen.requests SET status = 'failed', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL WHERE id = $1`, [id]);
+    } finally {
+      await pool.end();
+    }
+  });
+});
