@@ -127,8 +127,14 @@ describe('database outages under load', function () {
     }));
   }
 
-  for (const fault of ['crash', 'fast', 'immediate', 'terminate'] as const) {
-    it(`rides out ${fault === 'terminate' ? 'every backend terminated' : `a ${fault === 'crash' ? 'crash (postmaster SIGKILLed)' : `${fault} shutdown`}`} with nothing lost`, async () => {
+  const FAULTS = {
+    crash: 'a crash (postmaster SIGKILLed)',
+    fast: 'a fast shutdown',
+    immediate: 'an immediate shutdown',
+    terminate: 'every backend terminated',
+  } as const;
+  for (const [fault, described] of Object.entries(FAULTS) as [keyof typeof FAULTS, string][]) {
+    it(`rides out ${described} with nothing lost`, async () => {
       let stop = false;
       const loading = load(`outage-${fault}`, () => stop);
       await new Promise((r) => setTimeout(r, 1500));
