@@ -12,11 +12,14 @@ import { addUser } from '../test/support/control-plane.ts';
 import { launchBrowser } from '../test/support/browser.ts';
 import { provisionAccounts, seedNamespace, settle, type SeedStep } from './lib/accounts-seed.ts';
 import { percentile } from './lib/stats.ts';
+import { configureLogging } from '../src/log.ts';
 
 const { values: args } = parseArgs({ options: { rows: { type: 'string', default: '1000000' }, samples: { type: 'string', default: '10' } } });
 const rows = Number(args.rows);
 const samples = Number(args.samples);
 const log = (s: string) => process.stderr.write(`${s}\n`);
+// The in-process server's access log would bury the figures.
+configureLogging({ level: 'warn' });
 
 const provider = await startFakeProvider();
 const server = await startTestServer();
