@@ -11,7 +11,7 @@
 //   many streams    --many (default 1000) streams opened at once, each once, directly and through
 //                   Sarsen: whether all complete, how long they take, and Sarsen's peak RSS
 //
-// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --allow-non-durable]
+// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --phases nonstream,accept,streams,many --allow-non-durable]
 // Needs wrk (Debian: apt-get install wrk). PostgreSQL must be durable (see lib/database.ts).
 import os from 'node:os';
 import path from 'node:path';
@@ -42,6 +42,8 @@ const { values: args } = parseArgs({
     streams: { type: 'string', default: '256' },
     many: { type: 'string', default: '1000' },
     'stream-seconds': { type: 'string', default: '10' },
+    // A subset of the phases, for working on one target: --phases accept,many
+    phases: { type: 'string', default: 'nonstream,accept,streams,many' },
     'allow-non-durable': { type: 'boolean', default: false },
     // Environment of the Sarsen children beyond the runtime settings they get anyway
     // (SARSEN_RUNTIME_ENV): --child-env NODE_OPTIONS=--max-semi-space-size=8
@@ -55,6 +57,8 @@ const ACCEPT_C = Number(args['accept-concurrency']);
 const STREAMS = Number(args.streams);
 const MANY = Number(args.many);
 const STREAM_SECONDS = Number(args['stream-seconds']);
+const PHASES = new Set(args.phases.split(','));
+for (const p of PHASES) if (!['nonstream', 'accept', 'streams', 'many'].includes(p)) throw new Error(`unknown phase ${p}; the phases are nonstream, accept, streams, many`);
 if (![SECONDS, WARMUP, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, ...LEVELS].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1) {
   throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --streams N --many N --stream-seconds N');
 }
@@ -149,7 +153,7 @@ async function main(): Promise<void> {
 
     // Non-streaming, closed loop.
     const nonStream = new Map<number, Map<string, Measured>>();
-    for (const c of LEVELS) {
+    for (const c of PHASES.has('nonstream') ? LEVELS : []) {
       const row = new Map<string, Measured>();
       for (const side of [direct, viaGateway, under.side]) {
         progress(`non-streaming c=${c}: ${side.name}`);
@@ -159,29 +163,40 @@ async function main(): Promise<void> {
     }
 
     // Fire-and-forget acceptance, then the backlog drained.
-    progress(`POST /requests at c=${ACCEPT_C}`);
-    const acceptStart = await dbNow(under.pool);
-    const accepted = await measure(under.side, ACCEPT_C, chatBody(false), SECONDS, 0, under.side.url.replace(/\/chat\/completions$/, '/requests'));
-    const drain = await drained(under.pool, acceptStart);
-    progress(`accepted ${fmt(accepted.rate, 0)}/s; backlog ${drain.backlog} drained in ${fmt(drain.ms / 1000, 1)} s`);
+    let acceptance: Report['acceptance'] = null;
+    if (PHASES.has('accept')) {
+      let gateway = nonStream.get(ACCEPT_C)?.get('gateway');
+      if (!gateway) {
+        progress(`non-streaming c=${ACCEPT_C}: gateway (the acceptance target's comparator)`);
+        gateway = await measure(viaGateway, ACCEPT_C, chatBody(false), SECONDS, WARMUP);
+      }
+      progress(`POST /requests at c=${ACCEPT_C}`);
+      const acceptStart = await dbNow(under.pool);
+      const accepted = await measure(under.side, ACCEPT_C, chatBody(false), SECONDS, 0, under.side.url.replace(/\/chat\/completions$/, '/requests'));
+      const drain = await drained(under.pool, acceptStart);
+      progress(`accepted ${fmt(accepted.rate, 0)}/s; backlog ${drain.backlog} drained in ${fmt(drain.ms / 1000, 1)} s`);
+      acceptance = { accepted, drain, gateway };
+    }
 
     // Streams, through a fresh Sarsen process.
-    await stopSarsen(under);
-    under = null;
-    progress('starting a fresh Sarsen for the streaming phases');
-    under = await startSarsen(provider.url);
+    if (PHASES.has('streams') || PHASES.has('many')) {
+      await stopSarsen(under);
+      under = null;
+      progress('starting a fresh Sarsen for the streaming phases');
+      under = await startSarsen(provider.url);
+    }
     const streams = new Map<string, Measured>();
-    for (const side of [direct, viaGateway, under.side]) {
+    for (const side of PHASES.has('streams') ? [direct, viaGateway, under.side] : []) {
       progress(`${STREAMS} concurrent streams: ${side.name}`);
       streams.set(side.name, await measure(side, STREAMS, chatBody(true), STREAM_SECONDS, 2));
     }
     const many = new Map<string, Burst>();
-    for (const side of [direct, under.side]) {
+    for (const side of PHASES.has('many') ? [direct, under.side] : []) {
       progress(`${MANY} streams opened at once: ${side.name}`);
       many.set(side.name, await burst(side, MANY));
     }
 
-    report({ nonStream, accepted, drain, streams, many });
+    report({ nonStream, acceptance, streams, many });
   } finally {
     progress('cleaning up');
     await stopSarsen(under);
@@ -247,65 +262,84 @@ async function drained(pool: pg.Pool, since: Date): Promise<{ backlog: number; m
 
 type Report = {
   nonStream: Map<number, Map<string, Measured>>;
-  accepted: Measured;
-  drain: { backlog: number; ms: number; executions: number; rate: number };
+  acceptance: { accepted: Measured; gateway: Measured; drain: { backlog: number; ms: number; executions: number; rate: number } } | null;
   streams: Map<string, Measured>;
   many: Map<string, Burst>;
 };
 
 function report(r: Report): void {
   const cores = (m: Measured) => `${fmt(m.cpu, 2)} / ${fmt(m.pgCpu, 2)}`;
-  out('Non-streaming, closed loop, provider answering at once (latency in ms; CPU in cores: the side\'s process / PostgreSQL)');
-  const rows: string[][] = [];
-  for (const [c, row] of r.nonStream) {
-    const direct = row.get('direct')!;
-    for (const [name, m] of row) {
-      rows.push([
-        String(c), name, fmt(m.rate, 0), name === 'direct' ? '' : fmt(m.rate / row.get('gateway')!.rate, 2),
-        fmt(m.p50Ms, 2), fmt(m.p90Ms, 2), fmt(m.p99Ms, 2), name === 'direct' ? '' : fmt(m.p50Ms - direct.p50Ms, 2),
-        name === 'direct' ? '' : fmt(m.p99Ms - direct.p99Ms, 2), describeFailures(m), cores(m),
-      ]);
-    }
-  }
-  out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'failures', 'CPU'], rows));
-  out();
-  const a = r.accepted;
-  out(`POST /requests (fire-and-forget) at c=${a.connections}: ${fmt(a.rate, 0)} accepted/s (p50 ${fmt(a.p50Ms, 2)} ms, p99 ${fmt(a.p99Ms, 2)} ms, failures: ${describeFailures(a)}, CPU ${cores(a)})`);
-  out(r.drain.backlog >= 0
-    ? `  backlog when the window closed: ${r.drain.backlog}; drained ${fmt(r.drain.ms / 1000, 1)} s later; ${r.drain.executions} executions completed (${fmt(r.drain.rate, 0)}/s from window start to drain)`
-    : `  backlog of ${-r.drain.backlog} NOT drained within ${DRAIN_LIMIT_MS / 1000} s`);
-  out();
-  out(`${STREAMS} concurrent streams, ${FRAMES} frames ${PACE_MS} ms apart (${(FRAMES - 1) * PACE_MS / 1000} s at the provider); duration = request to last byte, in ms`);
-  const directStream = r.streams.get('direct')!;
-  out(table(
-    ['side', 'streams/s', 'p50', 'p90', 'p99', 'max', '× direct p50', 'failures', 'CPU'],
-    [...r.streams].map(([name, m]) => [name, fmt(m.rate, 1), fmt(m.p50Ms, 0), fmt(m.p90Ms, 0), fmt(m.p99Ms, 0), fmt(m.maxMs, 0), fmt(m.p50Ms / directStream.p50Ms, 3), describeFailures(m), cores(m)]),
-  ));
-  out(`${MANY} streams opened at once, each once (duration in ms; RSS of the side's process)`);
-  out(table(
-    ['side', 'completed', 'p50', 'p99', 'max', 'all done after', 'failures', 'peak RSS MB'],
-    [...r.many].map(([name, b]) => [name, `${b.completed}/${MANY}`, fmt(b.p50Ms, 0), fmt(b.p99Ms, 0), fmt(b.maxMs, 0), fmt(b.wallMs, 0), b.failures, fmt(b.peakRssMb, 0)]),
-  ));
-  out();
-
   const gw = (c: number) => r.nonStream.get(c)?.get('gateway');
   const via = (c: number) => r.nonStream.get(c)?.get('sarsen');
   const dir = (c: number) => r.nonStream.get(c)?.get('direct');
-  const added = (c: number, p: 'p50Ms' | 'p99Ms') => (via(c)?.[p] ?? NaN) - (dir(c)?.[p] ?? NaN);
-  const manyVia = r.many.get('sarsen')!;
   const failed = (m: Measured | undefined) => (m ? m.non2xx + m.errors.connect + m.errors.read + m.errors.write + m.errors.timeout : NaN);
-  const targets: string[][] = [
-    ['non-stream req/s at c=64, × the gateway', '≥ 1.0', fmt((via(64)?.rate ?? NaN) / (gw(64)?.rate ?? NaN), 2), verdict((via(64)?.rate ?? NaN) / (gw(64)?.rate ?? NaN), 1, 'higher', '×')],
-    ['added latency p50 at c=1', '≤ 2 ms', fmt(added(1, 'p50Ms'), 2), verdict(added(1, 'p50Ms'), 2, 'lower', 'ms')],
-    ['added latency p50 at c=16', '≤ 10 ms', fmt(added(16, 'p50Ms'), 2), verdict(added(16, 'p50Ms'), 10, 'lower', 'ms')],
-    ['added latency p99 at c=16', '≤ 40 ms', fmt(added(16, 'p99Ms'), 2), verdict(added(16, 'p99Ms'), 40, 'lower', 'ms')],
-    ['POST /requests acceptance, × the gateway at c=64', '≥ 2.0', fmt(r.accepted.rate / (gw(64)?.rate ?? NaN), 2), verdict(r.accepted.rate / (gw(64)?.rate ?? NaN), 2, 'higher', '×')],
-    ['  and its backlog drained', 'yes', r.drain.backlog >= 0 ? 'yes' : 'no', r.drain.backlog >= 0 ? 'met' : 'MISSED'],
-    [`${STREAMS} streams: median duration, × the provider's`, '≤ 1.1', fmt((r.streams.get('sarsen')?.p50Ms ?? NaN) / directStream.p50Ms, 3), verdict((r.streams.get('sarsen')?.p50Ms ?? NaN) / directStream.p50Ms, 1.1, 'lower', '×')],
-    [`${STREAMS} streams: timeouts and failures`, '0', String(failed(r.streams.get('sarsen'))), failed(r.streams.get('sarsen')) === 0 ? 'met' : 'MISSED'],
-    [`${MANY} streams at once: completed`, `${MANY}`, String(manyVia.completed), manyVia.completed === MANY ? 'met' : 'MISSED'],
-    [`${MANY} streams at once: peak RSS`, '≤ 300 MB', fmt(manyVia.peakRssMb, 0), verdict(manyVia.peakRssMb, 300, 'lower', 'MB')],
-  ];
+  const targets: string[][] = [];
+
+  if (PHASES.has('nonstream')) {
+    out('Non-streaming, closed loop, provider answering at once (latency in ms; CPU in cores: the side\'s process / PostgreSQL)');
+    const rows: string[][] = [];
+    for (const [c, row] of r.nonStream) {
+      const direct = row.get('direct')!;
+      for (const [name, m] of row) {
+        rows.push([
+          String(c), name, fmt(m.rate, 0), name === 'direct' ? '' : fmt(m.rate / row.get('gateway')!.rate, 2),
+          fmt(m.p50Ms, 2), fmt(m.p90Ms, 2), fmt(m.p99Ms, 2), name === 'direct' ? '' : fmt(m.p50Ms - direct.p50Ms, 2),
+          name === 'direct' ? '' : fmt(m.p99Ms - direct.p99Ms, 2), describeFailures(m), cores(m),
+        ]);
+      }
+    }
+    out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'failures', 'CPU'], rows));
+    out();
+    const added = (c: number, p: 'p50Ms' | 'p99Ms') => (via(c)?.[p] ?? NaN) - (dir(c)?.[p] ?? NaN);
+    const ratio64 = (via(64)?.rate ?? NaN) / (gw(64)?.rate ?? NaN);
+    targets.push(
+      ['non-stream req/s at c=64, × the gateway', '≥ 1.0', fmt(ratio64, 2), verdict(ratio64, 1, 'higher', '×')],
+      ['added latency p50 at c=1', '≤ 2 ms', fmt(added(1, 'p50Ms'), 2), verdict(added(1, 'p50Ms'), 2, 'lower', 'ms')],
+      ['added latency p50 at c=16', '≤ 10 ms', fmt(added(16, 'p50Ms'), 2), verdict(added(16, 'p50Ms'), 10, 'lower', 'ms')],
+      ['added latency p99 at c=16', '≤ 40 ms', fmt(added(16, 'p99Ms'), 2), verdict(added(16, 'p99Ms'), 40, 'lower', 'ms')],
+    );
+  }
+
+  if (r.acceptance) {
+    const { accepted: a, drain, gateway } = r.acceptance;
+    out(`POST /requests (fire-and-forget) at c=${a.connections}: ${fmt(a.rate, 0)} accepted/s (p50 ${fmt(a.p50Ms, 2)} ms, p99 ${fmt(a.p99Ms, 2)} ms, failures: ${describeFailures(a)}, CPU ${cores(a)}); the gateway at c=${ACCEPT_C}: ${fmt(gateway.rate, 0)} req/s`);
+    out(drain.backlog >= 0
+      ? `  backlog when the window closed: ${drain.backlog}; drained ${fmt(drain.ms / 1000, 1)} s later; ${drain.executions} executions completed (${fmt(drain.rate, 0)}/s from window start to drain)`
+      : `  backlog of ${-drain.backlog} NOT drained within ${DRAIN_LIMIT_MS / 1000} s`);
+    out();
+    targets.push(
+      [`POST /requests acceptance, × the gateway at c=${ACCEPT_C}`, '≥ 2.0', fmt(a.rate / gateway.rate, 2), verdict(a.rate / gateway.rate, 2, 'higher', '×')],
+      ['  and its backlog drained', 'yes', drain.backlog >= 0 ? 'yes' : 'no', drain.backlog >= 0 ? 'met' : 'MISSED'],
+    );
+  }
+
+  if (PHASES.has('streams')) {
+    out(`${STREAMS} concurrent streams, ${FRAMES} frames ${PACE_MS} ms apart (${(FRAMES - 1) * PACE_MS / 1000} s at the provider); duration = request to last byte, in ms`);
+    const directStream = r.streams.get('direct')!;
+    out(table(
+      ['side', 'streams/s', 'p50', 'p90', 'p99', 'max', '× direct p50', 'failures', 'CPU'],
+      [...r.streams].map(([name, m]) => [name, fmt(m.rate, 1), fmt(m.p50Ms, 0), fmt(m.p90Ms, 0), fmt(m.p99Ms, 0), fmt(m.maxMs, 0), fmt(m.p50Ms / directStream.p50Ms, 3), describeFailures(m), cores(m)]),
+    ));
+    const ratio = (r.streams.get('sarsen')?.p50Ms ?? NaN) / directStream.p50Ms;
+    targets.push(
+      [`${STREAMS} streams: median duration, × the provider's`, '≤ 1.1', fmt(ratio, 3), verdict(ratio, 1.1, 'lower', '×')],
+      [`${STREAMS} streams: timeouts and failures`, '0', String(failed(r.streams.get('sarsen'))), failed(r.streams.get('sarsen')) === 0 ? 'met' : 'MISSED'],
+    );
+  }
+
+  if (PHASES.has('many')) {
+    out(`${MANY} streams opened at once, each once (duration in ms; RSS of the side's process)`);
+    out(table(
+      ['side', 'completed', 'p50', 'p99', 'max', 'all done after', 'failures', 'peak RSS MB'],
+      [...r.many].map(([name, b]) => [name, `${b.completed}/${MANY}`, fmt(b.p50Ms, 0), fmt(b.p99Ms, 0), fmt(b.maxMs, 0), fmt(b.wallMs, 0), b.failures, fmt(b.peakRssMb, 0)]),
+    ));
+    const manyVia = r.many.get('sarsen')!;
+    targets.push(
+      [`${MANY} streams at once: completed`, `${MANY}`, String(manyVia.completed), manyVia.completed === MANY ? 'met' : 'MISSED'],
+      [`${MANY} streams at once: peak RSS`, '≤ 300 MB', fmt(manyVia.peakRssMb, 0), verdict(manyVia.peakRssMb, 300, 'lower', 'MB')],
+    );
+  }
+  out();
   out('Targets (issue 13, DESIGN.md section 6)');
   out(table(['measure', 'target', 'measured', 'verdict'], targets));
 }
