@@ -2,13 +2,16 @@
 // job key = request id, so a new job replaces a pending one and retires a dead worker's locked
 // one, and `graphile_worker.jobs where key = 'req_…'` finds a request's pending work.
 //
-// Jobs due now go through graphile-worker's public functions, which wake the worker pools.
-// The backstop job of an attempt claimed at acceptance (due when its lease ends; see
-// submissions.ts) is written to and removed from graphile-worker's job table directly: that
-// happens twice per request on the hot path, and add_jobs would wake every worker pool for
-// a job nobody can take yet (a NOTIFY, then a fetch per pool) and cost more than the request's
-// own rows. The columns written are those add_jobs writes; the integration tests read the
-// result back through graphile-worker's public `jobs` view.
+// A new request's job (due now, or, for an attempt claimed at acceptance, the backstop due when
+// its lease ends; see submissions.ts) is written to graphile-worker's job table directly, and
+// its backstop removed directly: that happens on the hot path, and add_jobs costs more than
+// the request's own rows. Its first step, taking the key from a locked job, is a scan of the
+// whole job table per call (a generic plan over its `unnest`), which grows with every job
+// waiting; a new request's key is new, so that step and add_jobs's upsert have nothing to do.
+// The columns written are those add_jobs writes, and due jobs send the NOTIFY it sends, which
+// wakes the worker pools. Recoveries and retries, rare and with keys that may be taken, go
+// through graphile-worker's public functions. The integration tests read jobs back through
+// graphile-worker's public `jobs` view.
 
 import type { Pool } from './pool.ts';
 
@@ -20,17 +23,6 @@ export function enqueueSql(id: string, runAt?: string): string {
   return `graphile_worker.add_job('${EXECUTE_REQUEST}', json_build_object('request_id', ${id}),${runAt ? ` run_at => ${runAt},` : ''} job_key => ${id}, max_attempts => ${MAX_ATTEMPTS})`;
 }
 
-/**
- * SQL (a FROM item) adding one job per row of `rows` (columns `id`, `run_at`; NULL is now) in
- * one call, yielding the jobs. graphile-worker NOTIFYs its workers once per call, even for an
- * empty set: callers skip the call when there are no rows.
- */
-export function addJobsSql(rows: string): string {
-  return `graphile_worker.add_jobs(ARRAY(
-    SELECT ROW('${EXECUTE_REQUEST}', json_build_object('request_id', j.id), NULL, j.run_at, ${MAX_ATTEMPTS}, j.id, NULL, NULL)::graphile_worker.job_spec
-      FROM (${rows}) AS j))`;
-}
-
 /** SQL (a FROM item) moving unlocked jobs `ids` (a bigint[] expression) to `runAt`. */
 export function rescheduleJobsSql(ids: string, runAt: string): string {
   return `graphile_worker.reschedule_jobs(${ids}, run_at => ${runAt})`;
@@ -39,14 +31,19 @@ export function rescheduleJobsSql(ids: string, runAt: string): string {
 const TASK_ID = `(SELECT id FROM graphile_worker._private_tasks WHERE identifier = '${EXECUTE_REQUEST}')`;
 
 /**
- * SQL (a data-modifying CTE body) inserting a backstop job per row of `rows` (columns `id`,
- * `run_at`), without waking any worker; yields `key` and `id`. The task's row exists from
- * startup on (`ensureTaskSql`).
+ * SQL (a data-modifying CTE body) inserting a job per row of `rows` (columns `id`, a new
+ * request's, and `run_at`), without waking any worker; yields `key` and `id`. The task's row
+ * exists from startup on (`ensureTaskSql`).
  */
-export function insertBackstopJobsSql(rows: string): string {
+export function insertJobsSql(rows: string): string {
   return `INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
     SELECT ${TASK_ID}, json_build_object('request_id', j.id), j.run_at, ${MAX_ATTEMPTS}, j.id FROM (${rows}) AS j
     RETURNING key, id`;
+}
+
+/** SQL (a query) waking the worker pools for `count` (an SQL expression) jobs due now, as add_jobs does; nothing when it is 0. */
+export function wakeWorkersSql(count: string): string {
+  return `SELECT pg_notify('jobs:insert', json_build_object('r', random(), 'count', n)::text) FROM (SELECT ${count} AS n) AS due WHERE n > 0`;
 }
 
 /** SQL (a data-modifying CTE body) removing the backstop jobs `ids` (a bigint[] expression) names, unless a worker holds them. */

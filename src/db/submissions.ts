@@ -9,7 +9,7 @@
 import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
-import { addJobsSql, insertBackstopJobsSql } from './jobs.ts';
+import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
 
 export type NewRequest = Readonly<{
@@ -95,13 +95,12 @@ const SUBMIT = prepared(
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
 ), credential AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
-), due AS (
-  -- Work another executor is to run: due now, its worker pools woken.
-  SELECT j.id FROM (SELECT 1 FROM created WHERE owner IS NULL LIMIT 1) AS one_pending,
-    LATERAL ${addJobsSql(`SELECT id, NULL::timestamptz AS run_at FROM created WHERE owner IS NULL`)} AS j
-), backstop AS (
-  -- Work this process claimed: due when its lease ends, should this process die holding it.
-  ${insertBackstopJobsSql(`SELECT id, ${LEASE_END} AS run_at FROM created WHERE owner IS NOT NULL`)}
+), job AS (
+  -- Work another executor is to run is due now; work this process claimed is due when its
+  -- lease ends, the backstop should this process die holding it.
+  ${insertJobsSql(`SELECT id, CASE WHEN owner IS NULL THEN now() ELSE ${LEASE_END} END AS run_at FROM created`)}
+), woken AS (
+  ${wakeWorkersSql(`(SELECT count(*) FROM created WHERE owner IS NULL)`)}
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
@@ -125,14 +124,14 @@ const SUBMIT = prepared(
   )}
   RETURNING 1
 )
-SELECT p.request_id, p.request_id = p.id AS created, b.id::text AS job_id,
+SELECT p.request_id, p.request_id = p.id AS created, j.id::text AS job_id,
        -- A request this batch created is reported pending (SPEC.md: accepted is pending), even when
        -- this process claimed it in the same statement and it is running already.
        CASE WHEN m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
-       (SELECT count(*) FROM due) AS due
+       (SELECT count(*) FROM woken) AS woken
   FROM placed p
   LEFT JOIN created m ON m.id = p.request_id
-  LEFT JOIN backstop b ON b.key = p.request_id AND p.request_id = p.id
+  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
  ORDER BY p.ord`,
 );
 

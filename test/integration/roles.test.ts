@@ -67,6 +67,34 @@ describe('roles and graceful shutdown', function () {
     }
   });
 
+  it('an api process writes the job as add_job would and wakes the worker pools with its notice (the executor test above runs it)', async () => {
+    const api = await d.start('api');
+    const listener = await d.pool.connect();
+    try {
+      const t = await provision(d.asServer(api), provider);
+      const notices: string[] = [];
+      listener.on('notification', (n) => {
+        if (n.channel === 'jobs:insert') notices.push(n.payload ?? '');
+      });
+      await listener.query('LISTEN "jobs:insert"');
+      const id = await submit(t, 'wake the pools');
+      await until(async () => (notices.length > 0 ? true : undefined));
+      expect(JSON.parse(notices[0]!)).to.include({ count: 1 });
+      const { rows } = await d.pool.query(
+        `SELECT task_identifier, queue_name, priority, attempts, max_attempts, revision, locked_at, run_at <= now() AS due, flags
+           FROM graphile_worker.jobs WHERE key = $1`,
+        [id],
+      );
+      expect(rows).to.deep.equal([
+        { task_identifier: 'execute_request', queue_name: null, priority: 0, attempts: 0, max_attempts: 25, revision: 0, locked_at: null, due: true, flags: null },
+      ]);
+    } finally {
+      await listener.query('UNLISTEN *').catch(() => undefined);
+      listener.release();
+      await api.kill('SIGTERM');
+    }
+  });
+
   it('SIGTERM lets an in-flight stream finish within the grace, then exits 0', async () => {
     await setGrace(15_000);
     const api = await d.start('api');
