@@ -1,6 +1,7 @@
 // The attempts a process runs, whichever way they came: claimed at acceptance by this process
 // (role both: no job pickup between acceptance and the provider call), or claimed from a
-// graphile-worker job. It bounds how many run at once, renews all their leases in one
+// graphile-worker job. Work nobody waits on yields to acceptance (./yield.ts). It bounds how
+// many run at once, renews all their leases in one
 // statement per heartbeat (a lease found taken aborts that attempt's provider call), writes
 // each outcome, and at shutdown hands back what cannot finish within the grace.
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -9,6 +10,7 @@ import { claimAttempts, renewLeases, type Attempt } from '../db/attempts.ts';
 import { createBatcher } from '../core/batcher.ts';
 import { runAttempt, LeaseLost, HandBack, StoreFailed, Cancelled, type ExecutorDeps, type Outcome } from './execute.ts';
 import { createSettle } from './settle.ts';
+import { createYielder } from './yield.ts';
 import { logger, errorFields } from '../log.ts';
 
 // Jobs a worker pool hands out together are claimed together.
@@ -19,12 +21,12 @@ const HAND_BACK_WAIT_MS = 10_000;
 export type Runner = {
   /** The lease owner this process's attempts carry (its liveness lock is named by it). */
   readonly owner: string;
-  /** Takes a slot for an attempt this process will claim at acceptance; false when full or stopping. */
+  /** A submission arrived: takes a slot for an attempt this process will claim at acceptance; false when full or stopping. */
   reserve(): boolean;
   /** Gives a reserved slot back (the submission attached to another execution). */
   release(): void;
-  /** Runs an attempt claimed at acceptance, in the slot reserved for it. */
-  run(a: Attempt): void;
+  /** Runs an attempt claimed at acceptance, in the slot reserved for it; `background`: nobody waits on it. */
+  run(a: Attempt, opts: { background: boolean }): void;
   /** graphile-worker's task: claims the job's request (batched with its neighbours') and runs it. */
   runJob(requestId: string): Promise<void>;
   /** Lets attempts finish within the grace, then hands back the rest and waits for that to be written. */
@@ -50,6 +52,7 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
   const { settle, close: closeSettle } = createSettle(deps);
   // Claims and lease renewals: batch statements on a connection of their own.
   const writer = createBatchPool(deps.conn, 'sarsen-claims');
+  const yielder = createYielder();
   const active = new Set<Running>();
   let reserved = 0;
   let stopping = false;
@@ -67,7 +70,7 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
     { maxBatch: MAX_CLAIMS },
   );
 
-  const execute = async (a: Attempt): Promise<void> => {
+  const execute = async (a: Attempt, background: boolean): Promise<void> => {
     const running: Running = { a, controller: new AbortController(), renewedAt: Date.now() };
     active.add(running);
     // A cancel heard on the bus stops the call at once; one whose event was lost, at the next renewal.
@@ -77,6 +80,8 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
     try {
       let outcome: Outcome;
       try {
+        // Leased meanwhile (the heartbeat renews it); an abort lets it go on to runAttempt, which answers for it.
+        if (background) await yielder.wait(running.controller.signal);
         outcome = await runAttempt(deps, a, deps.settings.current(), running.controller.signal);
       } catch (err) {
         outcome = interrupted(err, running.controller.signal);
@@ -125,6 +130,7 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
   return {
     owner,
     reserve() {
+      yielder.arrival();
       if (stopping || active.size + reserved >= concurrency) return false;
       reserved++;
       return true;
@@ -132,16 +138,17 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
     release() {
       reserved--;
     },
-    run(a) {
+    run(a, { background }) {
       reserved--;
-      void execute(a);
+      void execute(a, background);
     },
     async runJob(requestId) {
       const a = await claims.add(requestId);
-      if (a) await execute(a);
+      if (a) await execute(a, true);
     },
     async stop(graceMs) {
       stopping = true;
+      yielder.releaseAll();
       const deadline = Date.now() + graceMs;
       while (active.size > 0 && Date.now() < deadline) await sleep(25);
       for (const r of active) r.controller.abort(new HandBack('the process is stopping'));

@@ -120,6 +120,7 @@ export async function acceptSubmission(
       ),
       // Sealed under credential-key and bound to the request; destroyed with the terminal write.
       sealedCredential: credential === null ? null : seal(deps.keyring, credential, id),
+      waited: !opts.fireAndForget,
     })
     .catch((err: unknown) => {
       if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);

@@ -20,10 +20,14 @@ export type LocalRunner = {
   readonly owner: string;
   reserve(): boolean;
   release(): void;
-  run(a: Attempt): void;
+  run(a: Attempt, opts: { background: boolean }): void;
 };
 
-export type Submission = Omit<NewRequest, 'owner'> & { backend: BackendForCall };
+export type Submission = Omit<NewRequest, 'owner'> & {
+  backend: BackendForCall;
+  /** A caller waits for the answer (not POST /requests). */
+  waited: boolean;
+};
 
 export type Submitter = { submit(s: Submission): Promise<Submitted>; close(): Promise<void> };
 
@@ -70,7 +74,7 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
           const submitted = await once({ ...s, owner });
           if (submitted === null) continue; // an identical body's claim was committed meanwhile: land on it
           if (owner !== null && !submitted.attached) {
-            runner!.run(claimedAttempt(s, submitted));
+            runner!.run(claimedAttempt(s, submitted), { background: !s.waited });
             started = true;
           }
           return submitted;
