@@ -36,15 +36,27 @@ describe('roles and graceful shutdown', function () {
 
   it('an api process runs no tasks, an executor serves health only; together they execute', async () => {
     const api = await d.start('api');
+    const listener = await d.pool.connect();
     try {
       const t = await provision(d.asServer(api), provider);
+      const notices: string[] = [];
+      listener.on('notification', (n) => void (n.channel === 'jobs:insert' && notices.push(n.payload ?? '')));
+      await listener.query('LISTEN "jobs:insert"');
       const id = await submit(t, 'waits for an executor');
       await new Promise((r) => setTimeout(r, 1000));
       expect(await record(t, id)).to.include({ status: 'pending', attempts: 0 });
       expect(provider.journal).to.have.length(0);
-      // Operators find a request's pending work by its id (README "Inspecting the queue").
-      const job = await d.pool.query(`SELECT task_identifier, locked_at FROM graphile_worker.jobs WHERE key = $1`, [id]);
-      expect(job.rows).to.deep.equal([{ task_identifier: 'execute_request', locked_at: null }]);
+      // Operators find a request's pending work by its id (README "Inspecting the queue"). The
+      // job is written as add_job writes it, with the notice that wakes the worker pools.
+      const job = await d.pool.query(
+        `SELECT task_identifier, queue_name, priority, attempts, max_attempts, revision, locked_at, run_at <= now() AS due, flags
+           FROM graphile_worker.jobs WHERE key = $1`,
+        [id],
+      );
+      expect(job.rows).to.deep.equal([
+        { task_identifier: 'execute_request', queue_name: null, priority: 0, attempts: 0, max_attempts: 25, revision: 0, locked_at: null, due: true, flags: null },
+      ]);
+      expect(notices.map((n) => (JSON.parse(n) as { count: number }).count)).to.deep.equal([1]);
 
       const executor = await d.start('executor');
       try {
@@ -62,32 +74,6 @@ describe('roles and graceful shutdown', function () {
       } finally {
         expect((await executor.kill('SIGTERM')).code).to.equal(0);
       }
-    } finally {
-      await api.kill('SIGTERM');
-    }
-  });
-
-  it('an api process writes the job as add_job would and wakes the worker pools with its notice (the executor test above runs it)', async () => {
-    const api = await d.start('api');
-    const listener = await d.pool.connect();
-    try {
-      const t = await provision(d.asServer(api), provider);
-      const notices: string[] = [];
-      listener.on('notification', (n) => {
-        if (n.channel === 'jobs:insert') notices.push(n.payload ?? '');
-      });
-      await listener.query('LISTEN "jobs:insert"');
-      const id = await submit(t, 'wake the pools');
-      await until(async () => (notices.length > 0 ? true : undefined));
-      expect(JSON.parse(notices[0]!)).to.include({ count: 1 });
-      const { rows } = await d.pool.query(
-        `SELECT task_identifier, queue_name, priority, attempts, max_attempts, revision, locked_at, run_at <= now() AS due, flags
-           FROM graphile_worker.jobs WHERE key = $1`,
-        [id],
-      );
-      expect(rows).to.deep.equal([
-        { task_identifier: 'execute_request', queue_name: null, priority: 0, attempts: 0, max_attempts: 25, revision: 0, locked_at: null, due: true, flags: null },
-      ]);
     } finally {
       await listener.query('UNLISTEN *').catch(() => undefined);
       listener.release();
