@@ -10,7 +10,7 @@ import { applyCommand } from './cli/apply.ts';
 import { batchCommand } from './cli/batch.ts';
 import { createPool } from './db/pool.ts';
 import { migrate } from './db/migrate.ts';
-import { logger, errorFields, configureLogging } from './log.ts';
+import { logger, errorFields, configureLogging, writeStdout } from './log.ts';
 import { openApiDocument } from './http/openapi/document.ts';
 import { EmbeddedError } from './db/embedded.ts';
 
@@ -29,7 +29,7 @@ const USAGE = `usage:
 environment: CTX_DATABASE_HOST, CTX_DATABASE_PORT, CTX_DATABASE_USER, CTX_DATABASE_NAME,
              CTX_SECRETS_DIR, CTX_DATA_DIR, CTX_LOG_LEVEL (see .env.example)`;
 
-const out = (line: string) => process.stdout.write(line + '\n');
+const out = (line: string) => writeStdout(line + '\n');
 
 async function main(argv: string[]): Promise<number> {
   // A client of a deployment's service routes: no database, no environment of its own.

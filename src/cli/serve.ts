@@ -1,7 +1,7 @@
 import type { ServeOptions } from '../config/config.ts';
 import type { OpenDatabase } from './database.ts';
 import { startSarsen } from '../server.ts';
-import { configureLogging, logger, errorFields } from '../log.ts';
+import { configureLogging, logger, errorFields, writeStdout } from '../log.ts';
 import { bootstrapEmbedded, firstRunBanner } from './tenancy.ts';
 
 // A terminal's Ctrl-C reaches every process of its group, and `npm start` passes its own copy on
@@ -20,7 +20,7 @@ export async function serve(db: OpenDatabase, opts: ServeOptions, mode: { embedd
   const firstRun = mode.embedded ? await bootstrapEmbedded(db.conn) : null;
   const sarsen = await startSarsen({ conn: db.conn, serve: opts, secrets: db.secrets });
   // Printed, not logged: the password must not reach a log collector.
-  if (firstRun) process.stdout.write(firstRunBanner(firstRun, sarsen.url) + '\n');
+  if (firstRun) writeStdout(firstRunBanner(firstRun, sarsen.url) + '\n');
   let code = 0;
   await new Promise<void>((resolve) => {
     let signalledAt: number | null = null;
