@@ -2,7 +2,7 @@ import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createYielder, loopUtilisation, mustYield, type YieldSettings } from '../../src/executor/yield.ts';
 
-const S: YieldSettings = { busyUtilisation: 0.5, arrivalWindowMs: 40, maxWaitMs: 400, tickMs: 5 };
+const S: YieldSettings = { busyUtilisation: 0.5, arrivalWindowMs: 40, maxWaitMs: 400, sampleMs: 5, tickMs: 5, perTick: 1 };
 
 /** Whether `p` has settled after `ms`. */
 async function settledWithin(p: Promise<void>, ms: number): Promise<boolean> {
@@ -52,6 +52,25 @@ describe('background work yielding to acceptance', () => {
       load = 0.1;
       await Promise.all([first, second]);
       expect(order).to.deep.equal([1, 2]);
+    } finally {
+      clearInterval(feeding);
+    }
+  });
+
+  it('while arrivals go on, a loop with headroom lets a few go a tick, not the whole backlog at once', async () => {
+    let load = 1;
+    const y = createYielder({ ...S, tickMs: 50, perTick: 2 }, () => load);
+    const feeding = setInterval(() => y.arrival(), 5);
+    try {
+      y.arrival();
+      let started = 0;
+      const all = Array.from({ length: 8 }, () => y.wait(new AbortController().signal).then(() => void started++));
+      await sleep(60);
+      expect(started).to.equal(0);
+      load = 0.1;
+      await sleep(110); // two ticks, give or take a late timer
+      expect(started).to.be.within(1, 6);
+      await Promise.all(all);
     } finally {
       clearInterval(feeding);
     }
