@@ -5,10 +5,10 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import type pg from 'pg';
 import { createTestDatabase, testPool, type TestDatabase } from '../../test/support/db.ts';
-import { makeSecretsDir, sarsenEnv, spawnSarsen, type SarsenChild } from '../../test/support/child.ts';
+import { makeSecretsDir, sarsenEnv, type SarsenChild } from '../../test/support/child.ts';
 import { call, createTenancy, signInAndChoose } from '../../test/support/control-plane.ts';
 import type { Settings } from '../../src/config/settings.ts';
-import { SARSEN_RUNTIME_ENV } from './sarsen-child.ts';
+import { SARSEN_RUNTIME_ENV, spawnBenchSarsen } from './sarsen-child.ts';
 
 export type StreamSarsen = {
   url: string;
@@ -24,7 +24,7 @@ export async function startStreamSarsen(opts: { role?: string; settings?: Partia
   const db = await createTestDatabase(opts.settings);
   const secrets = makeSecretsDir(db.conn);
   const pool = testPool(db.conn, 2);
-  const child = spawnSarsen(['--role', opts.role ?? 'both', '--port', '0', '--host', '127.0.0.1'], sarsenEnv(db.conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env }));
+  const child = spawnBenchSarsen(['--role', opts.role ?? 'both', '--port', '0', '--host', '127.0.0.1'], sarsenEnv(db.conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env }));
   let stopping: Promise<void> | null = null;
   const stop = (graceMs = 10_000) =>
     (stopping ??= (async () => {
