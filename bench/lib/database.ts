@@ -7,7 +7,7 @@ import pg from 'pg';
 import { dbServer, useDurableDatabase } from '../../test/support/db.ts';
 
 const DURABLE = { fsync: 'on', synchronous_commit: 'on', full_page_writes: 'on' } as const;
-const SHOWN = ['server_version', ...Object.keys(DURABLE), 'wal_sync_method', 'shared_buffers', 'max_connections', 'commit_delay'];
+const SHOWN = ['server_version', ...Object.keys(DURABLE), 'wal_sync_method', 'shared_buffers', 'max_connections', 'commit_delay', 'autovacuum'];
 
 async function answers(conn: pg.ClientConfig): Promise<boolean> {
   const client = new pg.Client({ ...conn, connectionTimeoutMillis: 2000 });
