@@ -1,9 +1,9 @@
 // The attempts a process runs, whichever way they came: claimed at acceptance by this process
 // (role both: no job pickup between acceptance and the provider call), or claimed from a
-// graphile-worker job. Work nobody waits on yields to acceptance (./yield.ts). It bounds how
-// many run at once, renews all their leases in one
-// statement per heartbeat (a lease found taken aborts that attempt's provider call), writes
-// each outcome, and at shutdown hands back what cannot finish within the grace.
+// graphile-worker job. It bounds how many run at once, lets work nobody waits on yield to
+// acceptance (./yield.ts), renews all their leases in one statement per heartbeat (a lease
+// found taken aborts that attempt's provider call), writes each outcome, and at shutdown hands
+// back what cannot finish within the grace.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createBatchPool, connectionFailed, isConnectionLoss, retryTransient } from '../db/pool.ts';
 import { claimAttempts, renewLeases, type Attempt } from '../db/attempts.ts';

@@ -5,9 +5,9 @@
 // burst is accepted at the rate acceptance alone can reach and its backlog drains right after
 // (DESIGN.md section 6): `arrivalWindowMs` after the last arrival, everything waiting starts.
 // The wait is bounded: under sustained overload, work still starts `maxWaitMs` after it was
-// ready. Nothing waits in memory beyond the runner's slots; the rest of a backlog waits as
-// due jobs in the database. Waiting work is already claimed, under a lease the
-// runner keeps renewing; it has not reached the provider.
+// ready. Waiting work is already claimed, under a lease the runner keeps renewing, and has not
+// reached the provider. Nothing waits in memory beyond the runner's slots; the rest of a
+// backlog waits as due jobs in the database.
 import { performance } from 'node:perf_hooks';
 
 export type YieldSettings = Readonly<{

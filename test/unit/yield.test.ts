@@ -1,8 +1,19 @@
 import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { createYielder, loopUtilisation, mustYield, type YieldSettings } from '../../src/executor/yield.ts';
+import { createYielder, loopUtilisation, mustYield, type YieldSettings, type Yielder } from '../../src/executor/yield.ts';
 
 const S: YieldSettings = { busyUtilisation: 0.5, arrivalWindowMs: 40, maxWaitMs: 400, sampleMs: 5, tickMs: 5, perTick: 1 };
+
+/** Runs `fn` while submissions keep arriving (one every 5 ms). */
+async function whileArriving(y: Yielder, fn: () => Promise<void>): Promise<void> {
+  y.arrival();
+  const feeding = setInterval(() => y.arrival(), 5);
+  try {
+    await fn();
+  } finally {
+    clearInterval(feeding);
+  }
+}
 
 /** Whether `p` has settled after `ms`. */
 async function settledWithin(p: Promise<void>, ms: number): Promise<boolean> {
@@ -30,21 +41,16 @@ describe('background work yielding to acceptance', () => {
     const y = createYielder(S, () => 1);
     y.arrival();
     const started = y.wait(new AbortController().signal);
-    const feeding = setInterval(() => y.arrival(), 5);
-    try {
+    await whileArriving(y, async () => {
       expect(await settledWithin(started, 150)).to.equal(false);
-    } finally {
-      clearInterval(feeding);
-    }
+    });
     expect(await settledWithin(started, 200)).to.equal(true);
   });
 
   it('lets work go when the loop has headroom again, and keeps the order work arrived in', async () => {
     let load = 1;
     const y = createYielder(S, () => load);
-    const feeding = setInterval(() => y.arrival(), 5);
-    try {
-      y.arrival();
+    await whileArriving(y, async () => {
       const order: number[] = [];
       const first = y.wait(new AbortController().signal).then(() => order.push(1));
       const second = y.wait(new AbortController().signal).then(() => order.push(2));
@@ -52,17 +58,13 @@ describe('background work yielding to acceptance', () => {
       load = 0.1;
       await Promise.all([first, second]);
       expect(order).to.deep.equal([1, 2]);
-    } finally {
-      clearInterval(feeding);
-    }
+    });
   });
 
   it('while arrivals go on, a loop with headroom lets a few go a tick, not the whole backlog at once', async () => {
     let load = 1;
     const y = createYielder({ ...S, tickMs: 50, perTick: 2 }, () => load);
-    const feeding = setInterval(() => y.arrival(), 5);
-    try {
-      y.arrival();
+    await whileArriving(y, async () => {
       let started = 0;
       const all = Array.from({ length: 8 }, () => y.wait(new AbortController().signal).then(() => void started++));
       await sleep(60);
@@ -71,29 +73,21 @@ describe('background work yielding to acceptance', () => {
       await sleep(110); // two ticks, give or take a late timer
       expect(started).to.be.within(1, 6);
       await Promise.all(all);
-    } finally {
-      clearInterval(feeding);
-    }
+    });
   });
 
   it('never holds work longer than the bound, however long the overload lasts', async () => {
     const y = createYielder(S, () => 1);
-    const feeding = setInterval(() => y.arrival(), 5);
-    try {
-      y.arrival();
+    await whileArriving(y, async () => {
       const started = y.wait(new AbortController().signal);
       expect(await settledWithin(started, 100)).to.equal(false);
       expect(await settledWithin(started, S.maxWaitMs + 200)).to.equal(true);
-    } finally {
-      clearInterval(feeding);
-    }
+    });
   });
 
   it('lets work go at once when its attempt is aborted, or the process stops', async () => {
     const y = createYielder(S, () => 1);
-    const feeding = setInterval(() => y.arrival(), 5);
-    try {
-      y.arrival();
+    await whileArriving(y, async () => {
       const controller = new AbortController();
       const aborted = y.wait(controller.signal);
       const stopped = y.wait(new AbortController().signal);
@@ -102,9 +96,7 @@ describe('background work yielding to acceptance', () => {
       expect(await settledWithin(stopped, 20)).to.equal(false);
       y.releaseAll();
       expect(await settledWithin(stopped, 1)).to.equal(true);
-    } finally {
-      clearInterval(feeding);
-    }
+    });
   });
 
   it('measures the loop: busy while it spins, idle while it sleeps', async () => {
