@@ -42,11 +42,12 @@ export function spawnBenchSarsen(args: string[], env: NodeJS.ProcessEnv): Sarsen
 
 /**
  * The runtime settings Sarsen runs with wherever it is started for real (npm start, the
- * image): fewer glibc malloc arenas, and a V8 young generation of at most 16 MB a
- * semi-space (left alone, V8 sizes it for the machine's memory and lets a busy process's heap
- * balloon). Benchmarks run Sarsen the same way.
+ * image): fewer glibc malloc arenas, a V8 young generation of at most 16 MB a semi-space
+ * (left alone, V8 sizes it for the machine's memory and lets a busy process's heap balloon),
+ * and an old generation of at most 1 GB (see the README's Running). Benchmarks run Sarsen the
+ * same way.
  */
-export const SARSEN_RUNTIME_ENV: Record<string, string> = { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16' };
+export const SARSEN_RUNTIME_ENV: Record<string, string> = { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --max-old-space-size=1024' };
 
 export type BenchSarsen = {
   url: string;

@@ -48,7 +48,7 @@ describe('memory per answer type', function () {
     provider = await startFakeProvider();
     d = await startDeployment();
     // As `npm start` runs it (package.json): the allocator settings matter to what RSS shows.
-    sarsen = await d.start('both', { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --inspect=127.0.0.1:0' });
+    sarsen = await d.start('both', { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --max-old-space-size=1024 --inspect=127.0.0.1:0' });
     inspector = await inspect(sarsen);
     t = await provision(d.asServer(sarsen), provider);
     ops = `${t.tenancy}-ops`;

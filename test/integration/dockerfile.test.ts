@@ -46,7 +46,7 @@ function parseDockerfile(text: string): Stage[] {
         stage!.steps.push({ kind: 'run', command: args });
         break;
       case 'ENV':
-        for (const m of args.matchAll(/(\w+)=(\S+)/g)) stage!.env[m[1]!] = m[2]!;
+        for (const m of args.matchAll(/(\w+)=(?:"([^"]*)"|(\S+))/g)) stage!.env[m[1]!] = m[2] ?? m[3]!;
         break;
       case 'ENTRYPOINT':
         stage!.entrypoint = JSON.parse(args);

@@ -52,7 +52,7 @@ describe('replay memory per reader', function () {
     provider = await startFakeProvider();
     d = await startDeployment();
     // As `npm start` runs it (package.json): the allocator settings matter to what RSS shows.
-    sarsen = await d.start('both', { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --inspect=127.0.0.1:0' });
+    sarsen = await d.start('both', { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --max-old-space-size=1024 --inspect=127.0.0.1:0' });
     inspector = await inspect(sarsen);
     t = await provision(d.asServer(sarsen), provider);
   });
@@ -139,7 +139,7 @@ describe('held answers of a large stored body', function () {
     provider = await startFakeProvider();
     d = await startDeployment();
     // The API process reads the answer back from the database (another process produced it).
-    api = await d.start('api', { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --inspect=127.0.0.1:0' });
+    api = await d.start('api', { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --max-old-space-size=1024 --inspect=127.0.0.1:0' });
     inspector = await inspect(api);
     await d.start('executor');
     t = await provision(d.asServer(api), provider);
