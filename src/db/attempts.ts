@@ -10,7 +10,7 @@ import type { BackendForCall } from './backends.ts';
 import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { binaryColumn, binarySlice } from './columns.ts';
+import { arrayLiteral, binaryColumn, binarySlice, type Element } from './columns.ts';
 import { appendAttempt } from './attempt-log.ts';
 
 export type Attempt = Readonly<{
@@ -240,8 +240,8 @@ SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS s
  * Answers the ids written; an attempt missing from it had lost its lease, and wrote nothing.
  */
 export async function settleBatch(pool: Pool | PoolClient, ts: readonly Terminal[], opts: { metering: boolean; origin: string }): Promise<Set<string>> {
-  const col = <T>(f: (t: Terminal) => T) => ts.map(f);
-  const bodies = binaryColumn(col((t) => t.answer.body));
+  const col = (f: (t: Terminal) => Element) => arrayLiteral(ts.map(f));
+  const bodies = binaryColumn(ts.map((t) => t.answer.body));
   const { rows } = await pool.query<{ id: string }>(
     SETTLE([
       col((t) => t.id), col((t) => t.attempt), col((t) => t.answer.status), col((t) => t.answer.httpStatus),

@@ -6,7 +6,7 @@ import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
 import { addToRollup, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { binaryColumn, binarySlice, fromBase64 } from './columns.ts';
+import { arrayLiteral, binaryColumn, binarySlice, fromBase64, type Element } from './columns.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
 
@@ -75,8 +75,8 @@ export type Stored = Map<string, { attempt: number; seq: number }>;
  */
 export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Stored> {
   const rows = pack(frames);
-  const col = <T>(f: (p: Packed) => T) => rows.map(f);
-  const bytes = binaryColumn(col((p) => (p.frames.length === 1 ? p.frames[0]! : Buffer.concat(p.frames))));
+  const col = (f: (p: Packed) => Element) => arrayLiteral(rows.map(f));
+  const bytes = binaryColumn(rows.map((p) => (p.frames.length === 1 ? p.frames[0]! : Buffer.concat(p.frames))));
   const lengths = col((p) => (p.frames.length === 1 ? null : `{${p.frames.map((f) => f.length).join(',')}}`));
   const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(
     STORE([col((p) => p.requestId), col((p) => p.attempt), col((p) => p.lastSeq), bytes.data, bytes.sizes, lengths, WRITER_SHARD.frames, origin]),

@@ -11,6 +11,7 @@ import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
 import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
+import { arrayLiteral, type Element } from './columns.ts';
 
 export type NewRequest = Readonly<{
   id: string;
@@ -145,7 +146,7 @@ export async function submitBatch(
   s: SubmitSettings,
   counterShard: number = WRITER_SHARD.submissions,
 ): Promise<(Submitted | null)[]> {
-  const col = <T>(f: (r: NewRequest) => T) => rs.map(f);
+  const col = (f: (r: NewRequest) => Element) => arrayLiteral(rs.map(f));
   const { rows } = await db.query<{ request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null }>(
     SUBMIT([
       col((r) => r.id), col((r) => r.tenancyId), col((r) => r.namespaceId), col((r) => r.apiKeyId), col((r) => r.backendId),
