@@ -8,7 +8,7 @@ import { prepared, withTransaction } from './pool.ts';
 import type { Answer, Dialect } from './requests.ts';
 import type { BackendForCall } from './backends.ts';
 import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
-import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
+import { addToRollup, addToKeyHour, shard } from './counters.ts';
 import { notifyEvents } from './events.ts';
 import { arrayLiteral, binaryColumn, binarySlice, type Element } from './columns.ts';
 import { appendAttempt } from './attempt-log.ts';
@@ -239,7 +239,11 @@ SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS s
  * destroyed, a failure's claim released, a backstop job removed, and one bus event each.
  * Answers the ids written; an attempt missing from it had lost its lease, and wrote nothing.
  */
-export async function settleBatch(pool: Pool | PoolClient, ts: readonly Terminal[], opts: { metering: boolean; origin: string }): Promise<Set<string>> {
+export async function settleBatch(
+  pool: Pool | PoolClient,
+  ts: readonly Terminal[],
+  opts: { metering: boolean; origin: string; counterShard: number },
+): Promise<Set<string>> {
   const col = (f: (t: Terminal) => Element) => arrayLiteral(ts.map(f));
   const bodies = binaryColumn(ts.map((t) => t.answer.body));
   const { rows } = await pool.query<{ id: string }>(
@@ -247,7 +251,7 @@ export async function settleBatch(pool: Pool | PoolClient, ts: readonly Terminal
       col((t) => t.id), col((t) => t.attempt), col((t) => t.answer.status), col((t) => t.answer.httpStatus),
       col((t) => t.answer.contentType), bodies.data, col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
       col((t) => t.tokens.prompt), col((t) => t.tokens.completion), col((t) => t.tokens.total), col((t) => t.sentBytes),
-      col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, WRITER_SHARD.terminals, opts.origin,
+      col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, opts.counterShard, opts.origin,
       col((t) => t.frames?.bytes ?? 0), col((t) => t.frames?.lastSeq ?? 0), bodies.sizes, col((t) => t.reached),
       col((t) => (t.cancelled ? 'cancelled' : t.answer.status)), col((t) => t.end.status), col((t) => t.end.error),
     ]),

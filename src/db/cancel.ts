@@ -7,6 +7,7 @@ import { withTransaction } from './pool.ts';
 import type { Answer, RequestStatus } from './requests.ts';
 import { settleBatch } from './attempts.ts';
 import { notifyEvents } from './events.ts';
+import { shard } from './counters.ts';
 import { errorBody, ERROR_CODES } from '../core/errors.ts';
 
 /** The stored error of a cancelled request: our own envelope, no provider status. */
@@ -60,7 +61,10 @@ export async function cancelRequest(
     await c.query(`UPDATE sarsen.requests SET status = 'running', cancel_requested = true WHERE id = $1`, [id]);
     const nulls = { prompt: null, completion: null, total: null };
     const answer = cancelledAnswer();
-    await settleBatch(c, [{ id, attempt: r.attempts, jobId: null, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true, end: { status: null, retryAfter: null, error: null } }], opts);
+    await settleBatch(c, [{ id, attempt: r.attempts, jobId: null, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true, end: { status: null, retryAfter: null, error: null } }], {
+      ...opts,
+      counterShard: shard(),
+    });
     return { kind: 'cancelled', answer };
   });
 }

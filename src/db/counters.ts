@@ -7,15 +7,16 @@ const ROLLUP_SHARDS = 16;
 /** A shard chosen at random per statement, for writers that run now and then. */
 export const shard = (): number => Math.floor(Math.random() * ROLLUP_SHARDS);
 
-// The group-committing writers of a process each add to a shard of their own, chosen once per
-// process: a counter row stays locked until its statement commits (fsync included), and two
-// flushes of one process must never queue behind each other on it. Consecutive shards differ
-// modulo KEY_SHARDS too.
+// The group-committing writers of a process add to shards of their own, one per lane, chosen
+// once per process: a counter row stays locked until its statement commits (fsync included),
+// and two flushes of one process must never queue behind each other on it. The lanes of the
+// two writers that add to per-key rows (submissions, terminals) differ modulo KEY_SHARDS too.
 const base = shard();
+const at = (offset: number) => (base + offset) % ROLLUP_SHARDS;
 export const WRITER_SHARD = {
-  submissions: base,
-  terminals: (base + 2) % ROLLUP_SHARDS,
-  frames: (base + 3) % ROLLUP_SHARDS,
+  submissions: [at(0), at(1)],
+  terminals: [at(2), at(3)],
+  frames: at(4),
 } as const;
 /**
  * Per-key hourly rows see far fewer writers than a namespace's counters, and GET /usage reads

@@ -123,12 +123,12 @@ export function createClient(conn: ConnectionConfig, name = 'sarsen'): pg.Client
 }
 
 /**
- * The connection of one group-committing writer (submissions, claims, terminal writes, frames):
- * it runs that writer's batch statements only, one at a time, with batch plans (see above), and
- * never waits behind request traffic for a connection.
+ * The connections of one group-committing writer (submissions, claims, terminal writes,
+ * frames), one per lane of its batcher: they run that writer's batch statements only, with
+ * batch plans (see above), and never wait behind request traffic for a connection.
  */
-export function createBatchPool(conn: ConnectionConfig, name: string): Pool {
-  return createPool(conn, { max: 1, name, batches: true });
+export function createBatchPool(conn: ConnectionConfig, name: string, lanes = 1): Pool {
+  return createPool(conn, { max: lanes, name, batches: true });
 }
 
 /** Runs `fn` in a transaction on one pooled client; rolls back on any throw. */

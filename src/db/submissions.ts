@@ -10,7 +10,7 @@ import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
 import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
-import { addToRollup, addToKeyHour, shard, WRITER_SHARD } from './counters.ts';
+import { addToRollup, addToKeyHour, shard } from './counters.ts';
 import { arrayLiteral, type Element } from './columns.ts';
 
 export type NewRequest = Readonly<{
@@ -144,7 +144,7 @@ export async function submitBatch(
   db: Pool | PoolClient,
   rs: readonly NewRequest[],
   s: SubmitSettings,
-  counterShard: number = WRITER_SHARD.submissions,
+  counterShard: number,
 ): Promise<(Submitted | null)[]> {
   const col = (f: (r: NewRequest) => Element) => arrayLiteral(rs.map(f));
   const { rows } = await db.query<{ request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null }>(

@@ -8,6 +8,7 @@ import { createBatchPool, retryTransient } from '../db/pool.ts';
 import { settleBatch, scheduleRetry, type Attempt, type Terminal } from '../db/attempts.ts';
 import { handBack } from '../db/recovery.ts';
 import { createBatcher } from '../core/batcher.ts';
+import { WRITER_SHARD } from '../db/counters.ts';
 import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
 import { countHandBack } from '../metrics/metrics.ts';
@@ -17,15 +18,16 @@ const MAX_BATCH = 500;
 export type Settle = { settle(a: Attempt, outcome: Outcome): Promise<void>; close(): Promise<void> };
 
 export function createSettle(deps: BaseDeps): Settle {
-  const writer = createBatchPool(deps.conn, 'sarsen-terminals');
+  const lanes = WRITER_SHARD.terminals.length;
+  const writer = createBatchPool(deps.conn, 'sarsen-terminals', lanes);
   const terminals = createBatcher<Terminal, boolean>(
-    async (batch) => {
-      const metering = deps.settings.current().metering_enabled;
+    async (batch, lane) => {
+      const opts = { metering: deps.settings.current().metering_enabled, origin: deps.processId, counterShard: WRITER_SHARD.terminals[lane]! };
       // Through an outage, for as long as the lease could last: the answer is in hand.
-      const written = await retryTransient(() => settleBatch(writer, batch, { metering, origin: deps.processId }), deps.settings.current().lease_ms);
+      const written = await retryTransient(() => settleBatch(writer, batch, opts), deps.settings.current().lease_ms);
       return batch.map((t) => written.has(t.id));
     },
-    { maxBatch: MAX_BATCH },
+    { maxBatch: MAX_BATCH, lanes },
   );
 
   const settle = async (a: Attempt, outcome: Outcome): Promise<void> => {

@@ -23,16 +23,21 @@ const jobOf = async (pool: pg.Pool, id: string): Promise<Job[]> =>
 const rowOf = async (pool: pg.Pool, id: string) =>
   (await pool.query(`SELECT status, attempts, recoveries, lease_owner FROM sarsen.requests WHERE id = $1`, [id])).rows[0];
 
-const submit = async (t: Tenant, content: string): Promise<string> => {
+const post = async (t: Tenant, content: string): Promise<{ request_id: string; status: string }> => {
   const res = await rawRequest(`${t.base}/requests`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
     body: JSON.stringify({ model: 'gpt-test', messages: [{ role: 'user', content }] }),
   });
   expect(res.status).to.equal(202);
+  return json(res);
+};
+
+const submit = async (t: Tenant, content: string): Promise<string> => {
+  const accepted = await post(t, content);
   // Accepted is pending (SPEC.md), even when this process already claimed it.
-  expect(json(res).status).to.equal('pending');
-  return json(res).request_id;
+  expect(accepted.status).to.equal('pending');
+  return accepted.request_id;
 };
 
 describe('claimed at acceptance (role both)', function () {
@@ -100,6 +105,37 @@ describe('claimed at acceptance (role both)', function () {
         [ids],
       );
       expect(rows[0]).to.deep.equal({ at_acceptance: 2, from_jobs: 2 });
+    });
+
+    it('accepts a burst in two statements at once, and identical bodies in it still make one execution each', async () => {
+      const u = await provision(server, provider);
+      const landed = new Map<string, Set<string>>(); // body -> request ids it was answered
+      const lanes = async () =>
+        (await server.pool.query<{ n: number }>(
+          `SELECT count(DISTINCT shard)::int AS n FROM sarsen.usage_rollup WHERE namespace_id = $1 AND accepted_submissions > 0`,
+          [u.namespaceId],
+        )).rows[0]!.n;
+      // Each submission lane adds to a counter shard of its own: two shards, two lanes used.
+      let waves = 0;
+      while (waves < 5 && (waves === 0 || (await lanes()) < 2)) {
+        waves++;
+        const contents = Array.from({ length: 24 }, (_, i) => `lanes ${waves} ${i}`);
+        // (An attach answers the execution's status as it is: pending, running or even done.)
+        const answers = await Promise.all(contents.flatMap((c) => [c, c, c]).map(async (c) => [c, (await post(u, c)).request_id] as const));
+        for (const [c, id] of answers) landed.set(c, (landed.get(c) ?? new Set()).add(id));
+      }
+      expect(await lanes()).to.equal(2, 'the burst was accepted on both submission connections');
+      for (const [c, ids] of landed) expect([...ids], c).to.have.length(1);
+
+      const ids = [...landed.values()].map((s) => [...s][0]!);
+      await until(async () => ((await Promise.all(ids.map((id) => rowOf(server.pool, id)))).every((r) => r.status === 'succeeded') ? true : undefined), 30_000);
+      const calls = provider.journal.filter((e) => String(e.json?.messages?.[0]?.content).startsWith('lanes '));
+      expect(calls).to.have.length(landed.size, 'one provider call per distinct body');
+      const { rows } = await server.pool.query(
+        `SELECT sum(accepted_submissions)::int AS accepted, sum(provider_calls)::int AS calls FROM sarsen.usage_rollup WHERE namespace_id = $1`,
+        [u.namespaceId],
+      );
+      expect(rows[0]).to.deep.equal({ accepted: landed.size * 3, calls: landed.size });
     });
   });
 

@@ -9,6 +9,7 @@ import { submitBatch, submitMetered, type NewRequest, type Submitted, type Submi
 import type { Attempt } from '../../db/attempts.ts';
 import type { BackendForCall } from '../../db/backends.ts';
 import { createBatcher } from '../../core/batcher.ts';
+import { WRITER_SHARD } from '../../db/counters.ts';
 
 // Bound on one statement's parameters.
 const MAX_BATCH = 500;
@@ -54,10 +55,12 @@ function claimedAttempt(s: Submission, submitted: Submitted): Attempt {
 
 /** `pool` serves metered submissions (each its own transaction); batches have a connection of their own. */
 export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: SettingsCache, runner: LocalRunner | null): Submitter {
-  const writer = createBatchPool(conn, 'sarsen-submissions');
+  const lanes = WRITER_SHARD.submissions.length;
+  const writer = createBatchPool(conn, 'sarsen-submissions', lanes);
   const batches = createBatcher<NewRequest, Submitted | null>(
-    (batch) => retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current())), OUTAGE_PATIENCE_MS),
-    { maxBatch: MAX_BATCH },
+    (batch, lane) =>
+      retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current()), WRITER_SHARD.submissions[lane]!), OUTAGE_PATIENCE_MS),
+    { maxBatch: MAX_BATCH, lanes },
   );
   // A repeat after a lost connection finds what the first try committed (see submitBatch).
   const once = (r: NewRequest): Promise<Submitted | null> => {
