@@ -40,10 +40,7 @@ export function createBatcher<T, R>(flush: (items: T[], lane: number) => Promise
       inFlight += batch.length;
       schedule();
       try {
-        const results = await flush(
-          batch.map((w) => w.item),
-          lane,
-        );
+        const results = await flush(batch.map((w) => w.item), lane);
         for (let i = 0; i < batch.length; i++) batch[i]!.resolve(results[i]!);
       } catch (err) {
         for (const w of batch) w.reject(err);
