@@ -34,7 +34,7 @@ export async function startWaitSampler(conn: ConnectionConfig, database: string,
                    FROM pg_locks l WHERE l.pid = a.pid AND NOT l.granted) AS awaited
            FROM pg_stat_activity a
           WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'
-            AND application_name <> 'sarsen-bus' AND state IS DISTINCT FROM 'idle'`,
+            AND application_name NOT LIKE 'sarsen-bus %' AND state IS DISTINCT FROM 'idle'`,
         [database],
       );
       samples++;

@@ -8,7 +8,7 @@
 import type pg from 'pg';
 import type { ConnectionConfig } from '../db/pool.ts';
 import { createClient, connectionFailed, databaseReached } from '../db/pool.ts';
-import { CHANNEL, decodeRequestEvents, type RequestEvent } from '../db/events.ts';
+import { CHANNEL, JOIN_BUS, busConnectionName, decodeRequestEvents, type RequestEvent } from '../db/events.ts';
 import { logger, errorFields } from '../log.ts';
 import { countBusReconnect } from '../metrics/metrics.ts';
 
@@ -76,7 +76,7 @@ export function createBus(conn: ConnectionConfig, opts: { origin: string; onConn
 
   const connect = async (delayMs: number): Promise<void> => {
     if (closed) return;
-    const c = createClient(conn, 'sarsen-bus');
+    const c = createClient(conn, busConnectionName(opts.origin));
     c.on('notification', (n) => {
       if (n.channel !== CHANNEL || !n.payload) return;
       const events = decodeRequestEvents(n.payload, opts.origin);
@@ -103,6 +103,9 @@ export function createBus(conn: ConnectionConfig, opts: { origin: string; onConn
     try {
       await c.connect();
       await c.query(`LISTEN ${CHANNEL}`);
+      // Every statement that found no listener but this process's has committed (see
+      // src/db/events.ts): from here on, what it missed can be read from the database.
+      await c.query(JOIN_BUS);
       await opts.onConnect?.(c);
       if (closed) {
         await c.end();

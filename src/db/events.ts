@@ -26,15 +26,26 @@ const CODE = { frames: 'f', state: 's', superseded: 'x', cancel: 'c' } as const;
 const PER_PAYLOAD = 100;
 
 /**
+ * The application_name of a process's bus connection: how statements find out whether another
+ * process listens (sql/migrations/015_bus_peers.sql matches this prefix).
+ */
+export const busConnectionName = (origin: string): string => `sarsen-bus ${origin}`;
+
+/** SQL a bus runs once it LISTENs, before it reports itself connected (see 015_bus_peers.sql). */
+export const JOIN_BUS = 'SELECT sarsen.bus_join()';
+
+/**
  * SQL (a SELECT, for a CTE) that NOTIFYs request events. `rows` is a query yielding
  * `request_id`, `event` ('frames', 'state', 'superseded' or 'cancel') and `arg` (the sequence number
- * or the status, as text); `origin` is the SQL of the producing process's tag.
+ * or the status, as text); `origin` is the SQL of the producing process's tag. Nothing is sent
+ * while no other process listens: the producer delivers to its own readers in memory.
  */
 export function notifyEvents(rows: string, origin: string): string {
   const code = `CASE ev.event WHEN 'frames' THEN '${CODE.frames}' WHEN 'state' THEN '${CODE.state}' WHEN 'cancel' THEN '${CODE.cancel}' ELSE '${CODE.superseded}' END`;
   return `SELECT pg_notify('${CHANNEL}', 'R ' || ${origin}::text || ' ' || json_agg(json_build_array(request_id, code, arg))::text)
     FROM (SELECT ev.request_id, ${code} AS code, ev.arg::text AS arg, (row_number() OVER ()) / ${PER_PAYLOAD} AS grp
             FROM (${rows}) AS ev) AS g
+   WHERE (SELECT sarsen.bus_has_peers(${origin}::text))
    GROUP BY grp`;
 }
 

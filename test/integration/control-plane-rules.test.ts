@@ -207,7 +207,7 @@ describe('control plane: routing rules', () => {
       await sleep(200);
       expect(routed(await resolveModel(other.deps, ns, 'silent'))!.backend.backend_id).to.equal(c, 'served from the cache');
       // Cut every bus connection; both processes reconnect and must re-read.
-      await server.pool.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'sarsen-bus' AND datname = current_database()`);
+      await server.pool.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'sarsen-bus %' AND datname = current_database()`);
       await eventually(async () => routed(await resolveModel(other.deps, ns, 'silent'))?.backend.backend_id === m, 'the cache is dropped');
     });
   });

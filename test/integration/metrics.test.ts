@@ -156,7 +156,7 @@ describe('metrics', function () {
     try {
       const killer = testPool(other.db.conn, 1);
       try {
-        const { rows } = await killer.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'sarsen-bus' AND datname = $1`, [other.db.name]);
+        const { rows } = await killer.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'sarsen-bus %' AND datname = $1`, [other.db.name]);
         expect(rows.length).to.be.at.least(1);
       } finally {
         await killer.end();

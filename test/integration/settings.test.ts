@@ -65,7 +65,7 @@ describe('settings', () => {
     try {
       // Kill the bus's LISTEN connection, change a setting while it is down, and expect the
       // reconnect to pick the change up.
-      await pool.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'sarsen-bus' AND datname = current_database()`);
+      await pool.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'sarsen-bus %' AND datname = current_database()`);
       await pool.query(`UPDATE sarsen.settings SET value = '9' WHERE name = 'max_attempts'`);
       await eventually(() => server.settings.current().max_attempts === 9);
     } finally {
