@@ -290,7 +290,8 @@ function report(r: Report): void {
     }
     out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'failures', 'CPU'], rows));
     out();
-    const added = (c: number, p: 'p50Ms' | 'p99Ms') => (via(c)?.[p] ?? NaN) - (dir(c)?.[p] ?? NaN);
+    // A side that completed nothing has no latency to compare: MISSED, not a negative figure.
+    const added = (c: number, p: 'p50Ms' | 'p99Ms') => (via(c)?.requests ? via(c)![p] - (dir(c)?.[p] ?? NaN) : via(c) ? Infinity : NaN);
     const ratio64 = (via(64)?.rate ?? NaN) / (gw(64)?.rate ?? NaN);
     targets.push(
       ['non-stream req/s at c=64, × the gateway', '≥ 1.0', fmt(ratio64, 2), verdict(ratio64, 1, 'higher', '×')],

@@ -39,7 +39,8 @@ export function table(header: string[], rows: string[][]): string {
 
 /** "met" / "MISSED (by how much)" for a figure against a target. */
 export function verdict(value: number, target: number, better: 'higher' | 'lower', unit: string): string {
-  if (!Number.isFinite(value)) return 'not measured';
+  if (Number.isNaN(value)) return 'not measured';
+  if (!Number.isFinite(value)) return 'MISSED (nothing completed)';
   const met = better === 'higher' ? value >= target : value <= target;
   if (met) return 'met';
   const gap = better === 'higher' ? `${fmt((value / target) * 100, 0)}% of target` : `${fmt(value - target, 2)} ${unit} over`;

@@ -110,6 +110,7 @@ export async function runWrk(o: WrkOptions): Promise<WrkResult> {
 
 /** "none", or what went wrong: "non-2xx 3, timeout 2". */
 export function describeFailures(r: WrkResult): string {
+  if (r.requests === 0) return 'nothing completed';
   const parts = [['non-2xx', r.non2xx], ...Object.entries(r.errors)].filter(([, n]) => (n as number) > 0);
   return parts.length === 0 ? 'none' : parts.map(([k, n]) => `${k} ${n}`).join(', ');
 }
