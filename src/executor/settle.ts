@@ -7,7 +7,7 @@ import type { BaseDeps } from '../deps.ts';
 import { createBatchPool, retryTransient } from '../db/pool.ts';
 import { settleBatch, scheduleRetry, type Attempt, type Terminal } from '../db/attempts.ts';
 import { handBack } from '../db/recovery.ts';
-import { createBatcher } from '../core/batcher.ts';
+import { createBatcher, SPARE_LANE_AT } from '../core/batcher.ts';
 import { WRITER_SHARD } from '../db/counters.ts';
 import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
@@ -27,7 +27,7 @@ export function createSettle(deps: BaseDeps): Settle {
       const written = await retryTransient(() => settleBatch(writer, batch, opts), deps.settings.current().lease_ms);
       return batch.map((t) => written.has(t.id));
     },
-    { maxBatch: MAX_BATCH, lanes },
+    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT },
   );
 
   const settle = async (a: Attempt, outcome: Outcome): Promise<void> => {

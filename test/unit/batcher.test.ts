@@ -81,6 +81,33 @@ describe('group commit batcher', () => {
     expect(await e).to.equal(60);
   });
 
+  it('opens a spare lane beside one in flight only once spareAt items wait, and leaves fewer to the lane in flight', async () => {
+    const f = heldFlush();
+    const b = createBatcher(f.flush, { maxBatch: 100, lanes: 2, spareAt: 3 });
+    const first = b.add(1);
+    await nextTurn();
+    const some = [b.add(2), b.add(3)];
+    await nextTurn();
+    expect(f.batches).to.have.length(1, 'two waiting: too few for a spare');
+    some.push(b.add(4));
+    await nextTurn();
+    expect(f.batches[1]).to.deep.equal({ lane: 1, items: [2, 3, 4] });
+
+    const last = b.add(5);
+    await nextTurn();
+    f.inFlight.get(1)!.release();
+    expect(await Promise.all(some)).to.deep.equal([20, 30, 40]);
+    await nextTurn();
+    expect(f.batches).to.have.length(2, 'the spare goes idle: one item waits for the lane in flight');
+    f.inFlight.get(0)!.release();
+    expect(await first).to.equal(10);
+    await nextTurn();
+    expect(f.batches[2]).to.deep.equal({ lane: 0, items: [5] });
+    f.inFlight.get(0)!.release();
+    expect(await last).to.equal(50);
+    expect(b.size()).to.equal(0);
+  });
+
   it('fails only the batch whose flush failed', async () => {
     const f = heldFlush();
     const b = createBatcher(f.flush, { maxBatch: 100, lanes: 2 });

@@ -8,7 +8,7 @@ import type { Settings, SettingsCache } from '../../config/settings.ts';
 import { submitBatch, submitMetered, type NewRequest, type Submitted, type SubmitSettings } from '../../db/submissions.ts';
 import type { Attempt } from '../../db/attempts.ts';
 import type { BackendForCall } from '../../db/backends.ts';
-import { createBatcher } from '../../core/batcher.ts';
+import { createBatcher, SPARE_LANE_AT } from '../../core/batcher.ts';
 import { WRITER_SHARD } from '../../db/counters.ts';
 
 // Bound on one statement's parameters.
@@ -60,7 +60,7 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
   const batches = createBatcher<NewRequest, Submitted | null>(
     (batch, lane) =>
       retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current()), WRITER_SHARD.submissions[lane]!), OUTAGE_PATIENCE_MS),
-    { maxBatch: MAX_BATCH, lanes },
+    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT },
   );
   // A repeat after a lost connection finds what the first try committed (see submitBatch).
   const once = (r: NewRequest): Promise<Submitted | null> => {
