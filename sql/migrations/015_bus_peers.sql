@@ -20,8 +20,9 @@ BEGIN
   RETURN EXISTS (
     SELECT 1 FROM pg_stat_get_activity(NULL) AS a
      WHERE a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND a.application_name LIKE 'sarsen-bus %'
-       AND a.application_name <> 'sarsen-bus ' || origin
+       AND (a.application_name LIKE 'sarsen-bus %' AND a.application_name <> 'sarsen-bus ' || origin
+            -- A process of a release before this one (a rolling upgrade): it is always told.
+            OR a.application_name = 'sarsen-bus')
   );
 END $$;
 

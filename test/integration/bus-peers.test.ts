@@ -111,6 +111,15 @@ describe('a bus joining', function () {
       const peers = async (origin: string) => (await looker.query<{ peers: boolean }>(`SELECT sarsen.bus_has_peers($1) AS peers`, [origin])).rows[0]!.peers;
       expect(await peers('wrk_a')).to.equal(true);
       expect(await peers('wrk_b')).to.equal(false); // its own bus is no peer
+
+      // A process of an earlier release names its bus connection 'sarsen-bus': it is a peer too.
+      const older = new pg.Client({ ...db.conn, application_name: 'sarsen-bus' });
+      await older.connect();
+      try {
+        expect(await peers('wrk_b')).to.equal(true);
+      } finally {
+        await older.end();
+      }
     } finally {
       await bus?.close();
       await looker.end().catch(() => undefined);
