@@ -290,8 +290,12 @@ function report(r: Report): void {
     }
     out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'failures', 'CPU'], rows));
     out();
-    // A side that completed nothing has no latency to compare: MISSED, not a negative figure.
-    const added = (c: number, p: 'p50Ms' | 'p99Ms') => (via(c)?.requests ? via(c)![p] - (dir(c)?.[p] ?? NaN) : via(c) ? Infinity : NaN);
+    const added = (c: number, p: 'p50Ms' | 'p99Ms') => {
+      const m = via(c);
+      if (!m) return NaN; // not measured
+      if (m.requests === 0) return Infinity; // nothing completed: MISSED, not a negative figure
+      return m[p] - (dir(c)?.[p] ?? NaN);
+    };
     const ratio64 = (via(64)?.rate ?? NaN) / (gw(64)?.rate ?? NaN);
     targets.push(
       ['non-stream req/s at c=64, × the gateway', '≥ 1.0', fmt(ratio64, 2), verdict(ratio64, 1, 'higher', '×')],
