@@ -74,7 +74,7 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
   return withTransaction(pool, async (c) => {
     const owners = await c.query<{ owner: string }>(
       `SELECT DISTINCT lease_owner AS owner FROM sarsen.requests
-        WHERE status = 'running' AND lease_owner IS NOT NULL AND lease_owner <> $1`,
+        WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_owner IS NOT NULL AND lease_owner <> $1`,
       [self],
     );
     // A transaction-level try-lock: taken only if the owner's session lock is gone, and
@@ -90,7 +90,7 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
     const victims = await c.query<Victim>(
       `SELECT id, attempts AS attempt, CASE WHEN lease_owner = ANY($1::text[]) THEN 'worker_died' ELSE 'lease_lost' END AS ending
          FROM sarsen.requests
-        WHERE status = 'running' AND (lease_expires_at < now() OR lease_owner = ANY($1::text[]))
+        WHERE status = 'running' AND lease_expires_at IS NOT NULL AND (lease_expires_at < now() OR lease_owner = ANY($1::text[]))
         ORDER BY lease_expires_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED`,

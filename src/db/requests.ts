@@ -127,11 +127,11 @@ export async function readStreamState(pool: Pool, requestId: string): Promise<St
   return r ? { status: r.status, streamFirstSeq: r.stream_first_seq, attempts: r.attempts, seqHigh: r.seq_high } : null;
 }
 
-/** Requests in each live state, deployment-wide; both counts are read through partial indexes. */
+/** Requests in each live state, deployment-wide, read through partial indexes (every running request holds a lease). */
 export async function countLiveRequests(db: Pick<Pool, 'query'>): Promise<Record<'pending' | 'running', number>> {
   const { rows } = await db.query<{ pending: number; running: number }>(
     `SELECT (SELECT count(*) FROM sarsen.requests WHERE status = 'pending')::int AS pending,
-            (SELECT count(*) FROM sarsen.requests WHERE status = 'running')::int AS running`,
+            (SELECT count(*) FROM sarsen.requests WHERE status = 'running' AND lease_expires_at IS NOT NULL)::int AS running`,
   );
   return rows[0]!;
 }
