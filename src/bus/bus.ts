@@ -6,9 +6,10 @@
 // process are delivered in memory by their producer (`publishRequest`, `publishLocal`), with
 // their frames or answer attached; the NOTIFY echo of them is dropped.
 import type pg from 'pg';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { ConnectionConfig } from '../db/pool.ts';
 import { createClient, connectionFailed, databaseReached } from '../db/pool.ts';
-import { CHANNEL, JOIN_BUS, busConnectionName, decodeRequestEvents, type RequestEvent } from '../db/events.ts';
+import { CHANNEL, JOIN_BUS, LEAVE_BUS, busConnectionName, decodeRequestEvents, type RequestEvent } from '../db/events.ts';
 import { logger, errorFields } from '../log.ts';
 import { countBusReconnect } from '../metrics/metrics.ts';
 
@@ -16,6 +17,8 @@ export { CHANNEL };
 
 // Reconnect backoff ceiling: a database that is back is heard from within a second.
 const MAX_RECONNECT_MS = 1000;
+// How long closing waits for the bus's row to be removed.
+const LEAVE_WAIT_MS = 1000;
 
 /** A control message; `k` is its routing key (`settings`, `api-key`, `routing`). */
 export type BusMessage = { k: string; [field: string]: unknown };
@@ -158,7 +161,10 @@ export function createBus(conn: ConnectionConfig, opts: { origin: string; onConn
       control.clear();
       requests.clear();
       reconnectHandlers.clear();
-      if (c) await c.end().catch(() => undefined);
+      if (!c) return;
+      // Other processes stop notifying this one (if this fails, a reconcile forgets it later).
+      await Promise.race([c.query(LEAVE_BUS, [opts.origin]).catch(() => undefined), sleep(LEAVE_WAIT_MS, undefined, { ref: false })]);
+      await c.end().catch(() => undefined);
     },
   };
 }

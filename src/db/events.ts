@@ -5,6 +5,7 @@
 // frames or the answer attached; a NOTIFY carries only ids, sequence numbers and states, and
 // names the process it came from so that process can ignore its own echo.
 import type { Answer, ChunkRow, RequestStatus } from './requests.ts';
+import type { Pool } from './pool.ts';
 
 export const CHANNEL = 'sarsen_events';
 
@@ -26,13 +27,27 @@ const CODE = { frames: 'f', state: 's', superseded: 'x', cancel: 'c' } as const;
 const PER_PAYLOAD = 100;
 
 /**
- * The application_name of a process's bus connection: how statements find out whether another
- * process listens (sql/migrations/015_bus_peers.sql matches this prefix).
+ * The application_name of a process's bus connection, by which sarsen.bus_reconcile() knows a
+ * bus is still connected (sql/migrations/017_bus_members.sql).
  */
 export const busConnectionName = (origin: string): string => `sarsen-bus ${origin}`;
 
-/** SQL a bus runs once it LISTENs, before it reports itself connected (see 015_bus_peers.sql). */
+/**
+ * SQL a bus runs once it LISTENs, before it reports itself connected: it registers the bus,
+ * after every statement that looked for listeners without seeing it has committed.
+ */
 export const JOIN_BUS = 'SELECT sarsen.bus_join()';
+
+/** SQL a bus runs as it closes: statements stop notifying it. */
+export const LEAVE_BUS = 'DELETE FROM sarsen.bus_members WHERE process_id = $1';
+
+/**
+ * Forgets the buses whose connection is gone (a process killed, a connection cut), so that
+ * statements stop notifying nobody, and registers any connected bus not yet registered.
+ */
+export async function reconcileBuses(pool: Pool): Promise<void> {
+  await pool.query('SELECT sarsen.bus_reconcile()');
+}
 
 /**
  * SQL (a SELECT, for a CTE) that NOTIFYs request events. `rows` is a query yielding

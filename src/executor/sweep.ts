@@ -1,7 +1,9 @@
 // The recovery sweep: every executor process, every `sweep_interval_ms` (not cron: cron has
-// minute granularity), re-dispatches requests whose worker died or whose lease expired.
+// minute granularity), re-dispatches requests whose worker died or whose lease expired, and
+// forgets the buses of processes that died without leaving.
 import type { BaseDeps } from '../deps.ts';
 import { recoverDeadAttempts, redispatchStranded } from '../db/recovery.ts';
+import { reconcileBuses } from '../db/events.ts';
 import { connectionFailed } from '../db/pool.ts';
 import { logger } from '../log.ts';
 import { countRecoveries, countSweep } from '../metrics/metrics.ts';
@@ -16,6 +18,7 @@ export function startSweeper(deps: BaseDeps, owner: string): Sweeper {
   let running: Promise<number> | null = null;
 
   const runOnce = async (): Promise<number> => {
+    await reconcileBuses(deps.pool);
     const stranded = await redispatchStranded(deps.pool, deps.settings.current().lease_ms);
     for (const id of stranded) logger.warn('re-dispatched a request whose job a dead worker held', { request_id: id });
     let total = 0;

@@ -1,8 +1,9 @@
 // Request events are NOTIFYed only while another Sarsen process listens (issue 13;
-// sql/migrations/015_bus_peers.sql): a lone process hands them to its own readers in memory,
-// and spares every commit PostgreSQL's notify lock. A second process's bus makes them
-// travel again, and a bus that joins first waits for every statement that looked for
-// listeners before it was visible to commit.
+// sql/migrations/015_bus_peers.sql and 017_bus_members.sql): a lone process hands them to its
+// own readers in memory, and spares every commit PostgreSQL's notify lock. A second process's
+// bus makes them travel again, and a bus that joins first waits for every statement that
+// looked for listeners before it was visible to commit. A bus that closes leaves; one whose
+// process died is forgotten by the next sweep.
 import { expect } from 'chai';
 import pg from 'pg';
 import { startTestServer, type TestServer } from '../support/server.ts';
@@ -78,6 +79,30 @@ describe('request events travel only to other processes', function () {
       await other.close();
     }
   });
+
+  it('a process that died without leaving is told until the sweep forgets it', async () => {
+    const answered = async (content: string) => {
+      provider.enqueue({ kind: 'json', body: { id: content, object: 'chat.completion', choices: [] } });
+      expect((await post('/chat/completions', { model: 'gpt-test', messages: [{ role: 'user', content }] })).status).to.equal(200);
+    };
+    const members = async () => (await server.pool.query<{ process_id: string }>('SELECT process_id FROM sarsen.bus_members')).rows.map((r) => r.process_id);
+    // A bus that joins, then loses its connection without removing its row (its process was killed).
+    const dead = new pg.Client({ ...server.db.conn, application_name: 'sarsen-bus wrk_killed' });
+    await dead.connect();
+    await dead.query('SELECT sarsen.bus_join()');
+    await dead.end();
+    heard.length = 0;
+    // (Unless a sweep forgot it already: every 2 s.)
+    if ((await members()).includes('wrk_killed')) {
+      await answered('told while registered');
+      await until(async () => (heard.length > 0 || !(await members()).includes('wrk_killed') ? true : undefined));
+    }
+    await until(async () => ((await members()).includes('wrk_killed') ? undefined : true));
+    heard.length = 0;
+    await answered('alone again');
+    await new Promise((r) => setTimeout(r, 300));
+    expect(heard).to.deep.equal([]);
+  });
 });
 
 describe('a bus joining', function () {
@@ -112,14 +137,25 @@ describe('a bus joining', function () {
       expect(await peers('wrk_a')).to.equal(true);
       expect(await peers('wrk_b')).to.equal(false); // its own bus is no peer
 
-      // A process of an earlier release names its bus connection 'sarsen-bus': it is a peer too.
+      // A process of an earlier release names its bus connection 'sarsen-bus' and does not
+      // register: the reconcile that every joining bus and every sweep runs finds it.
       const older = new pg.Client({ ...db.conn, application_name: 'sarsen-bus' });
       await older.connect();
       try {
+        await looker.query('SELECT sarsen.bus_reconcile()');
         expect(await peers('wrk_b')).to.equal(true);
       } finally {
         await older.end();
       }
+      await until(async () => {
+        await looker.query('SELECT sarsen.bus_reconcile()');
+        return (await peers('wrk_b')) ? undefined : true;
+      });
+
+      // A bus that closes removes itself at once.
+      await bus.close();
+      bus = null;
+      expect(await peers('wrk_a')).to.equal(false);
     } finally {
       await bus?.close();
       await looker.end().catch(() => undefined);
