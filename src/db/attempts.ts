@@ -138,22 +138,53 @@ export type AttemptEnd = { status: number | null; retryAfter: string | null; err
 /**
  * A fenced terminal write: the answer (a success, or the stored error), what it is counted as,
  * for a stream what its frames hold (the bytes, and the sequence number of the last), and the
- * attempt's log entry (`cancelled`: it ended by a cancel).
+ * attempt's log entry (`cancelled`: it ended by a cancel). `ownCredential`: the request brought
+ * its caller's credential, which the write destroys.
  */
 export type Terminal = Readonly<
   {
     id: string; attempt: number; jobId: string | null; answer: Answer; tokens: Tokens; frames: { bytes: number; lastSeq: number } | null;
-    cancelled: boolean; end: AttemptEnd;
+    cancelled: boolean; end: AttemptEnd; ownCredential: boolean;
   } & Traffic
 >;
 
-const SETTLE = prepared(
-  'sarsen_settle_batch',
-  `WITH input AS (
+/**
+ * Which optional parts a batch's terminal write needs. Each part costs the statement its
+ * executor setup on every call even when it writes nothing (about 50 µs of PostgreSQL's CPU for
+ * these, a tenth of a one-answer statement), so a batch that needs none runs without them.
+ * `metering`: debit credit and monthly spend (a deployment setting). `cleanup`: the batch holds
+ * a failure (its claim is released) or a request that brought its own credential (destroyed).
+ */
+type SettleShape = { metering: boolean; cleanup: boolean };
+
+const CLEANUP = `), forgotten AS (
+  DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) RETURNING 1
+), released AS (
+  -- A terminal failure releases the claim: the same body afterwards is a new request.
+  DELETE FROM sarsen.idempotency_claims k USING done d
+   WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) AND d.outcome = 'failed' RETURNING 1
+`;
+
+const METERING = `), charged AS (
+  UPDATE sarsen.credit c SET balance_micros = c.balance_micros - t.micros
+    FROM (SELECT tenancy_id, sum(micros) AS micros FROM done WHERE micros > 0 GROUP BY tenancy_id) AS t
+   WHERE c.tenancy_id = t.tenancy_id
+  RETURNING 1
+), spent AS (
+  INSERT INTO sarsen.monthly_spend (scope_id, month, spent_micros)
+  SELECT scope, date_trunc('month', now())::date, sum(p.micros)
+    FROM done p, LATERAL (VALUES (p.api_key_id), (p.namespace_id)) AS s(scope)
+   WHERE p.micros > 0 AND scope IS NOT NULL
+   GROUP BY scope
+  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
+  RETURNING 1
+`;
+
+const settleSql = (shape: SettleShape): string => `WITH input AS (
   SELECT t.*, ${binarySlice('$6::bytea', 't.body_size', 't.ord')} AS body
-    FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $20::int[], $7::int[], $8::text[],
-                $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $18::bigint[], $19::int[],
-                $21::boolean[], $22::text[], $23::int[], $24::text[])
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $19::int[], $7::int[], $8::text[],
+                $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $17::bigint[], $18::int[],
+                $20::boolean[], $21::text[], $22::int[], $23::text[])
       WITH ORDINALITY AS t(id, attempt, outcome, http_status, content_type, body_size, error_status, retry_after,
                            prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq, reached,
                            ending, provider_status, transport_error, ord)
@@ -184,18 +215,12 @@ const SETTLE = prepared(
             coalesce(q.provider_reached, false) AS provider_call
 ), answer AS (
   INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
-), forgotten AS (
-  DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) RETURNING 1
-), released AS (
-  -- A terminal failure releases the claim: the same body afterwards is a new request.
-  DELETE FROM sarsen.idempotency_claims k USING done d
-   WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) AND d.outcome = 'failed' RETURNING 1
 ), rollup AS (
   ${addToRollup(
     ['provider_calls', 'upstream_sent_bytes', 'upstream_received_bytes', 'response_bytes'],
     `SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
             sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id`,
-    '$16',
+    '$15',
   )}
   RETURNING 1
 ), entry AS (
@@ -209,29 +234,24 @@ const SETTLE = prepared(
             count(*) FILTER (WHERE provider_call) AS provider_calls,
             sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
        FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id`,
-    '$16',
+    '$15',
   )}
   RETURNING 1
-), charged AS (
-  UPDATE sarsen.credit c SET balance_micros = c.balance_micros - t.micros
-    FROM (SELECT tenancy_id, sum(micros) AS micros FROM done WHERE micros > 0 GROUP BY tenancy_id) AS t
-   WHERE $15 AND c.tenancy_id = t.tenancy_id
-  RETURNING 1
-), spent AS (
-  INSERT INTO sarsen.monthly_spend (scope_id, month, spent_micros)
-  SELECT scope, date_trunc('month', now())::date, sum(p.micros)
-    FROM done p, LATERAL (VALUES (p.api_key_id), (p.namespace_id)) AS s(scope)
-   WHERE $15 AND p.micros > 0 AND scope IS NOT NULL
-   GROUP BY scope
-  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
-  RETURNING 1
-), removed AS (
+${shape.cleanup ? CLEANUP : ''}${shape.metering ? METERING : ''}), removed AS (
   ${removeBackstopJobsSql(`ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)`)}
 ), notified AS (
-  ${notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, '$17')}
+  ${notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, '$16')}
 )
-SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done`,
-);
+SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done`;
+
+/** The terminal-write statement for a batch of this shape: one named statement per shape. */
+const settleStatements = new Map<string, ReturnType<typeof prepared>>();
+function settleStatement(shape: SettleShape): ReturnType<typeof prepared> {
+  const name = `sarsen_settle_batch${shape.metering ? '_metered' : ''}${shape.cleanup ? '_cleanup' : ''}`;
+  let statement = settleStatements.get(name);
+  if (!statement) settleStatements.set(name, (statement = prepared(name, settleSql(shape))));
+  return statement;
+}
 
 /**
  * The terminal writes of a batch of attempts in one statement (a group commit): answers,
@@ -246,12 +266,13 @@ export async function settleBatch(
 ): Promise<Set<string>> {
   const col = (f: (t: Terminal) => Element) => arrayLiteral(ts.map(f));
   const bodies = binaryColumn(ts.map((t) => t.answer.body));
+  const cleanup = ts.some((t) => t.ownCredential || t.answer.status === 'failed');
   const { rows } = await pool.query<{ id: string }>(
-    SETTLE([
+    settleStatement({ metering: opts.metering, cleanup })([
       col((t) => t.id), col((t) => t.attempt), col((t) => t.answer.status), col((t) => t.answer.httpStatus),
       col((t) => t.answer.contentType), bodies.data, col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
       col((t) => t.tokens.prompt), col((t) => t.tokens.completion), col((t) => t.tokens.total), col((t) => t.sentBytes),
-      col((t) => t.receivedBytes), col((t) => t.jobId), opts.metering, opts.counterShard, opts.origin,
+      col((t) => t.receivedBytes), col((t) => t.jobId), opts.counterShard, opts.origin,
       col((t) => t.frames?.bytes ?? 0), col((t) => t.frames?.lastSeq ?? 0), bodies.sizes, col((t) => t.reached),
       col((t) => (t.cancelled ? 'cancelled' : t.answer.status)), col((t) => t.end.status), col((t) => t.end.error),
     ]),

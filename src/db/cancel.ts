@@ -61,7 +61,12 @@ export async function cancelRequest(
     await c.query(`UPDATE sarsen.requests SET status = 'running', cancel_requested = true WHERE id = $1`, [id]);
     const nulls = { prompt: null, completion: null, total: null };
     const answer = cancelledAnswer();
-    await settleBatch(c, [{ id, attempt: r.attempts, jobId: null, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true, end: { status: null, retryAfter: null, error: null } }], {
+    // (ownCredential: whatever the request brought is destroyed; nothing is, if it brought none.)
+    const terminal = {
+      id, attempt: r.attempts, jobId: null, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true,
+      end: { status: null, retryAfter: null, error: null }, ownCredential: true,
+    };
+    await settleBatch(c, [terminal], {
       ...opts,
       counterShard: shard(),
     });

@@ -38,7 +38,10 @@ export function createSettle(deps: BaseDeps): Settle {
         const tokens = outcome.tokens ?? { prompt: null, completion: null, total: null };
         const { answer, reached, sentBytes, receivedBytes, frames, end } = outcome;
         const cancelled = outcome.kind === 'failed' && outcome.cancelled === true;
-        const written = await terminals.add({ id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, frames, reached, sentBytes, receivedBytes, cancelled, end });
+        const written = await terminals.add({
+          id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, frames, reached, sentBytes, receivedBytes, cancelled, end,
+          ownCredential: a.sealedCredential !== null,
+        });
         if (written) deps.bus.publishRequest({ type: 'state', requestId: a.id, status: answer.status, answer });
         else logger.warn('answer discarded: lease lost before it was stored', log);
         return;

@@ -12,6 +12,7 @@ import { createBatchPool, type Pool } from '../../src/db/pool.ts';
 import { submitBatch } from '../../src/db/submissions.ts';
 import { claimAttempts, renewLeases, settleBatch } from '../../src/db/attempts.ts';
 import { storeFrames } from '../../src/db/chunks.ts';
+import { cancelledAnswer } from '../../src/db/cancel.ts';
 
 describe('batch statement plans', function () {
   this.timeout(30_000);
@@ -36,12 +37,20 @@ describe('batch statement plans', function () {
     await submitBatch(pool, [], { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 }, 0);
     await claimAttempts(pool, [], 'wrk_probe', 30_000);
     await renewLeases(pool, [], 30_000);
-    await settleBatch(pool, [], { metering: true, origin: 'wrk_probe', counterShard: 0 });
+    // Every shape of the terminal write (a terminal for no request writes nothing).
+    const failure = {
+      id: 'req_none', attempt: 1, jobId: null, answer: cancelledAnswer(), tokens: { prompt: null, completion: null, total: null }, frames: null,
+      reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true, end: { status: null, retryAfter: null, error: null }, ownCredential: true,
+    };
+    for (const metering of [false, true]) {
+      for (const ts of [[], [failure]]) await settleBatch(pool, ts, { metering, origin: 'wrk_probe', counterShard: 0 });
+    }
     await storeFrames(pool, [], 'wrk_probe');
     const { rows } = await pool.query<{ name: string; types: string[] }>(
       `SELECT name, parameter_types::text[] AS types FROM pg_prepared_statements WHERE name LIKE 'sarsen\\_%' ORDER BY name`,
     );
-    expect(rows.map((r) => r.name)).to.include.members(['sarsen_submit_batch', 'sarsen_claim_batch', 'sarsen_renew_leases', 'sarsen_settle_batch', 'sarsen_store_frames']);
+    expect(rows.map((r) => r.name)).to.include.members(['sarsen_submit_batch', 'sarsen_claim_batch', 'sarsen_renew_leases', 'sarsen_settle_batch', 'sarsen_settle_batch_cleanup',
+      'sarsen_settle_batch_metered', 'sarsen_settle_batch_metered_cleanup', 'sarsen_store_frames']);
     const bad: string[] = [];
     for (const r of rows) {
       const args = r.types.map((t) => `NULL::${t}`).join(', ');
