@@ -1,11 +1,15 @@
-// The plain `deps` object every factory takes (no dependency-injection framework).
+// The plain `deps` object every factory takes (no dependency-injection framework), and the
+// seams server.ts wires between the parts: acceptance (http/service/submitter.ts) and this
+// process's executor (executor/attempt-runner.ts) know each other only through these types.
 import type { ConnectionConfig, Pool } from './db/pool.ts';
 import type { Bus } from './bus/bus.ts';
 import type { SettingsCache } from './config/settings.ts';
 import type { Secrets } from './config/secrets.ts';
 import type { ServeOptions } from './config/config.ts';
 import type { Keyring } from './core/sealing.ts';
-import type { Submitter } from './http/service/submitter.ts';
+import type { NewRequest, Submitted } from './db/submissions.ts';
+import type { Attempt } from './db/attempts.ts';
+import type { BackendForCall } from './db/backends.ts';
 
 /** What every part of a process is built with. */
 export type BaseDeps = Readonly<{
@@ -24,3 +28,23 @@ export type BaseDeps = Readonly<{
 
 /** The API role's: it also accepts submissions (group-committed; claimed here when this process executes too). */
 export type Deps = BaseDeps & Readonly<{ submitter: Submitter }>;
+
+/** A submission as acceptance commits it. */
+export type NewSubmission = Omit<NewRequest, 'owner' | 'precounted'> & {
+  backend: BackendForCall;
+  /** A caller waits for the answer (not POST /requests). */
+  waited: boolean;
+};
+
+/** What one acceptance commit did: the request it landed on, and the attempt it claimed for this process. */
+export type Acceptance = { submitted: Submitted; claimed: Attempt | null };
+
+/** Acceptance's group commit. */
+export type Submitter = { submit(submission: NewSubmission): Promise<Acceptance>; close(): Promise<void> };
+
+/**
+ * The hand-off from acceptance to this process's executor: runs `commit`, one submission's
+ * acceptance commit, telling it to claim for `owner` while a slot is free (null: record and
+ * enqueue only), and starts the attempt it claimed in that slot right after the commit.
+ */
+export type RunWhereAccepted = (commit: (owner: string | null) => Promise<Acceptance>, opts: { background: boolean }) => Promise<Acceptance>;

@@ -36,15 +36,17 @@ export function prettyLine(info: Record<string, unknown>, colour: boolean): stri
   return typeof info.stack === 'string' ? `${line}\n${info.stack.replace(/^/gm, '    ')}` : line;
 }
 
+// A cluster worker writes through its primary's stdout, so it is told whether that is a terminal.
+let colourLines: boolean | null = null;
 const pretty = winston.format((info) => {
-  (info as unknown as Record<symbol, string>)[MESSAGE_SYMBOL] = prettyLine(info as Record<string, unknown>, process.stdout.isTTY === true);
+  (info as unknown as Record<symbol, string>)[MESSAGE_SYMBOL] = prettyLine(info as Record<string, unknown>, colourLines ?? process.stdout.isTTY === true);
   return info;
 });
 
 // Stdout is written at most every FLUSH_MS, with everything logged since (sooner once FLUSH_BYTES
-// are pending): a busy process logs a line per request, and a write per line cost it about 6% of
-// its CPU at a few thousand requests a second; a write per turn of the event loop, still one per
-// request at low concurrency. What is pending at exit is written before the process goes.
+// are pending): a write per line, or per turn of the loop, is a write per request
+// (docs/decisions.md "Log lines are batched"). What is pending at exit is written before the
+// process goes.
 const FLUSH_MS = 25;
 const FLUSH_BYTES = 64 * 1024;
 let pending: string[] = [];
@@ -93,8 +95,10 @@ function useFormat(format: LogFormat): void {
 }
 useFormat(process.stdout.isTTY ? 'pretty' : 'json');
 
-export function configureLogging(opts: { role?: string; level?: LogLevel; stdout?: boolean; format?: LogFormat }): void {
+export function configureLogging(opts: { role?: string; worker?: number | 'primary'; level?: LogLevel; stdout?: boolean; format?: LogFormat; colour?: boolean }): void {
   if (opts.role) logger.defaultMeta = { ...logger.defaultMeta, role: opts.role };
+  if (opts.worker !== undefined) logger.defaultMeta = { ...logger.defaultMeta, worker: opts.worker };
+  if (opts.colour !== undefined) colourLines = opts.colour;
   if (opts.level) logger.level = opts.level;
   if (opts.stdout !== undefined) stdoutTransport.silent = !opts.stdout;
   if (opts.format) useFormat(opts.format);

@@ -2,12 +2,15 @@
 import { readEnvironment, parseCommandLine, ConfigError } from './config/config.ts';
 import { SettingError } from './config/settings.ts';
 import { openDatabase } from './cli/database.ts';
+import cluster from 'node:cluster';
 import { serve } from './cli/serve.ts';
+import { processCount, servePrimary, serveWorker } from './cli/cluster.ts';
 import { settingsCommand } from './cli/settings.ts';
 import { tenancyCommand } from './cli/tenancy.ts';
 import { billingCommand } from './cli/billing.ts';
 import { applyCommand } from './cli/apply.ts';
 import { batchCommand } from './cli/batch.ts';
+import { exportCommand } from './cli/export.ts';
 import { createPool } from './db/pool.ts';
 import { migrate } from './db/migrate.ts';
 import { logger, errorFields, configureLogging, writeStdout } from './log.ts';
@@ -16,6 +19,8 @@ import { EmbeddedError } from './db/embedded.ts';
 
 const USAGE = `usage:
   sarsen [serve] [--role api|executor|both] [--credential-passthrough] [--port N] [--host H]
+        [--processes N]   (processes behind one port; default: one per core, 1 on embedded PostgreSQL)
+        [--executor-concurrency N] [--database-connections N]
   sarsen migrate
   sarsen openapi                          (prints the OpenAPI 3.1 document)
   sarsen settings get [NAME]
@@ -25,18 +30,23 @@ const USAGE = `usage:
   sarsen credit grant TENANCY MICRO_CREDITS
   sarsen prices set MODEL PROMPT_PER_MTOK COMPLETION_PER_MTOK   (micro-credits per million tokens)
   sarsen batch run INPUT.jsonl --base-url URL --key-file FILE --out RESULTS.jsonl
-        [--dialect chat|messages] [--concurrency N] [--skip-invalid]   (an HTTP client: no database)
+        [--dialect chat|messages|responses] [--concurrency N] [--skip-invalid]   (an HTTP client: no database)
+  sarsen export --tenancy T --namespace N --out FILE.jsonl[.gz] [--since S] [--until U] [--with-payloads]
+        [--url URL] [--key-file FILE]      (an HTTP client; key with the manage grant, or SARSEN_API_KEY)
 environment: CTX_DATABASE_HOST, CTX_DATABASE_PORT, CTX_DATABASE_USER, CTX_DATABASE_NAME,
-             CTX_SECRETS_DIR, CTX_DATA_DIR, CTX_LOG_LEVEL (see .env.example)`;
+             CTX_SECRETS_DIR, CTX_DATA_DIR, CTX_LOG_LEVEL, CTX_PROCESSES (see .env.example)`;
 
 const out = (line: string) => writeStdout(line + '\n');
 
 async function main(argv: string[]): Promise<number> {
   // A client of a deployment's service routes: no database, no environment of its own.
   if (argv[0] === 'batch') return batchCommand(argv.slice(1), out);
+  if (argv[0] === 'export') return exportCommand(argv.slice(1), out);
   const env = readEnvironment();
   configureLogging({ level: env.logLevel });
-  const { command, serve: serveOptions, owner, apply } = parseCommandLine(argv, env.database === null);
+  const { command, serve: serveOptions, processes, owner, apply } = parseCommandLine(argv, env.database === null);
+  // A worker of `serve --processes N`: its database and secrets come from the primary.
+  if (cluster.isWorker) return serveWorker(serveOptions);
   const [name, ...args] = command;
   if (name === 'help') {
     out(USAGE);
@@ -50,7 +60,11 @@ async function main(argv: string[]): Promise<number> {
   const db = await openDatabase(env);
   let code = 0;
   try {
-    if (name === 'serve') code = await serve(db, serveOptions, { embedded: env.database === null });
+    if (name === 'serve') {
+      const embedded = env.database === null;
+      const count = processCount(processes ?? env.processes, embedded);
+      code = count > 1 ? await servePrimary(db, serveOptions, count, { embedded }) : await serve(db, serveOptions, { embedded });
+    }
     else if (name === 'migrate') {
       const pool = createPool(db.conn, { max: 2, name: 'sarsen-cli' });
       await migrate(db.conn, pool).finally(() => pool.end());

@@ -5,7 +5,9 @@ import type { Express } from 'express';
 import type { AddressInfo } from 'node:net';
 import type { ServeOptions } from './config/config.ts';
 import type { Secrets } from './config/secrets.ts';
-import { createPool, type ConnectionConfig, type Pool } from './db/pool.ts';
+import { createPool, processConnections, openConnections, type ConnectionConfig, type Pool } from './db/pool.ts';
+import { waitForWritableHost } from './db/writable-host.ts';
+import { connectionBudget } from './core/connection-budget.ts';
 import { migrate, migrationsApplied, schemaMissing } from './db/migrate.ts';
 import { createBus, type Bus } from './bus/bus.ts';
 import { createSettingsCache, type SettingsCache } from './config/settings.ts';
@@ -17,11 +19,11 @@ import { createKeyring } from './core/sealing.ts';
 import type { BaseDeps, Deps } from './deps.ts';
 import { apiRouters } from './http/routes.ts';
 import { startExecutor, type Executor } from './executor/worker.ts';
-import { holdLivenessLock } from './db/recovery.ts';
+import { createLiveness } from './db/liveness.ts';
 import { newId } from './core/ids.ts';
 import { createSubmitter } from './http/service/submitter.ts';
 import { countLiveRequests } from './db/requests.ts';
-import { registerPool, registerRequestStates } from './metrics/metrics.ts';
+import { registerPool, registerRequestStates, registerConnections } from './metrics/metrics.ts';
 import { openApiDocument } from './http/openapi/document.ts';
 
 export type SarsenOptions = Readonly<{
@@ -47,21 +49,39 @@ export type Sarsen = {
 const SCHEMA_CHECK_MS = 5_000;
 
 export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
-  const pool = createPool(opts.conn, { name: `sarsen-${opts.serve.role}` });
-  const cleanups: (() => Promise<void> | void)[] = [() => pool.end(), registerPool('main', pool), registerRequestStates(() => countLiveRequests(pool))];
+  // One id names this process: the origin of the events it NOTIFYs, the owner of its leases
+  // when it executes, and its connections in pg_stat_activity (`sarsen-<purpose> <id>`).
+  const processId = newId('wrk');
+  // Every connection the process opens is drawn from one budget (docs/scaling.md).
+  const budget = connectionBudget(opts.serve.role, opts.serve.databaseConnections);
+  const conn = processConnections(opts.conn, processId, budget);
+  // With several hosts, a process started during a failover waits for the new primary.
+  await waitForWritableHost(conn);
+  const pool = createPool(conn, { purpose: 'main' });
+  const { total: _, ...byPurpose } = budget;
+  const cleanups: (() => Promise<void> | void)[] = [
+    () => pool.end(),
+    registerPool('main', pool),
+    registerRequestStates(() => countLiveRequests(pool)),
+    registerConnections(() => openConnections(conn), byPurpose),
+  ];
   const unwind = async () => {
     for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => logger.warn('cleanup failed', errorFields(err)));
   };
   try {
     // Schema first: nothing binds before the database is at the version this code expects.
-    await migrate(opts.conn, pool);
-    // One id names this process: the origin of the events it NOTIFYs and, when it executes,
-    // the owner of its leases. An executor's liveness lock lives on the bus connection: if the
-    // process dies, the lock goes with its session and any sweeper sees at once that its
-    // leases are orphaned.
-    const processId = newId('wrk');
+    await migrate(conn, pool);
+    // An executor's liveness lock lives on the bus connection: if the process dies, the lock
+    // goes with its session and the watching executor sees within a check that its leases are
+    // orphaned (src/db/liveness.ts).
     const executes = opts.serve.role !== 'api';
-    const bus = createBus(opts.conn, { origin: processId, ...(executes ? { onConnect: (client) => holdLivenessLock(client, processId) } : {}) });
+    const liveness = executes ? createLiveness(processId) : null;
+    const bus = createBus(conn, {
+      origin: processId,
+      follows: opts.serve.role !== 'executor',
+      executes,
+      ...(liveness ? { onConnect: (client) => liveness.onConnect(client) } : {}),
+    });
     cleanups.push(() => bus.close());
     await bus.ready();
     const settings = await createSettingsCache(pool, bus);
@@ -69,7 +89,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
 
     const base: BaseDeps = Object.freeze({
       processId,
-      conn: opts.conn,
+      conn,
       pool,
       bus,
       settings,
@@ -77,9 +97,13 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
       serve: opts.serve,
       keyring: createKeyring([{ version: 1, secret: opts.secrets.credentialKey }]),
     });
-    const executor: Executor | null = executes ? await startExecutor(base, opts.conn, { concurrency: opts.serve.executorConcurrency }) : null;
+    const executor: Executor | null = liveness ? await startExecutor(base, conn, { concurrency: opts.serve.executorConcurrency, liveness }) : null;
     if (executor) cleanups.push(() => executor.stop(0));
-    const deps: Deps = Object.freeze({ ...base, submitter: createSubmitter(opts.conn, pool, settings, executor?.runner ?? null) });
+    // Where execution starts: a process that also executes claims what it accepts, in the
+    // acceptance commit while it has a free slot, and its executor starts the provider call
+    // right after that commit (docs/durability.md "Run where accepted"). Otherwise jobs carry it.
+    const runWhereAccepted = executor?.runWhereAccepted ?? null;
+    const deps: Deps = Object.freeze({ ...base, submitter: createSubmitter(conn, pool, settings, runWhereAccepted) });
     cleanups.push(() => deps.submitter.close());
     const api = opts.serve.role === 'executor' ? { routers: [], close: async () => {} } : apiRouters(deps);
     cleanups.push(() => api.close());
@@ -107,7 +131,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const { port } = server.address() as AddressInfo;
     const host = opts.serve.host.includes(':') ? `[${opts.serve.host}]` : opts.serve.host;
     const url = `http://${host}:${port}`;
-    logger.info('sarsen listening', { url, role: opts.serve.role });
+    logger.info('sarsen listening', { url, role: opts.serve.role, process_id: processId });
 
     // Every other fault heals by waiting; a missing schema does not (a restart migrates it again).
     const failed = new Promise<string>((resolve) => {

@@ -2,13 +2,15 @@
 // The job key is the request id, so `graphile_worker.jobs where key = 'req_…'` finds its work.
 import type { Task } from 'graphile-worker';
 import { z } from 'zod';
-import type { Runner } from '../src/executor/runner.ts';
+import { RECOVERY_PRIORITY } from '../src/db/jobs.ts';
 
 export const payloadSchema = z.object({ request_id: z.string().startsWith('req_') });
 
-export function executeRequestTask(runner: Runner): Task {
-  return async (payload) => {
+/** `runJob`: the executor's attempt runner claiming the named request and running it. */
+export function executeRequestTask(runJob: (requestId: string, opts: { urgent: boolean }) => Promise<void>): Task {
+  return async (payload, helpers) => {
     const { request_id } = payloadSchema.parse(payload);
-    await runner.runJob(request_id);
+    // A re-dispatched attempt may have readers waiting: it does not yield to acceptance.
+    await runJob(request_id, { urgent: helpers.job.priority <= RECOVERY_PRIORITY });
   };
 }

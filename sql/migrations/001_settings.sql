@@ -2,7 +2,7 @@
 
 CREATE SCHEMA IF NOT EXISTS sarsen;
 
--- Every figure the deployment charges or enforces (SPEC.md "Deployment facts"). The defaults
+-- Every figure the deployment charges or enforces (docs/operations.md "Settings"). The defaults
 -- live here and nowhere else; src/config/settings.ts validates each value by name.
 CREATE TABLE sarsen.settings (
   name       text PRIMARY KEY,

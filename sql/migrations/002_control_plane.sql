@@ -1,6 +1,6 @@
 -- Up Migration
 
--- The control plane (DESIGN.md section 4): tenancies and their console accounts, namespaces,
+-- The control plane (docs/administration.md): tenancies and their console accounts, namespaces,
 -- backends, routing rules and API keys. Ids are prefixed ULIDs made by the application.
 
 CREATE TABLE sarsen.tenancies (

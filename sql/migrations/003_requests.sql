@@ -1,8 +1,9 @@
 -- Up Migration
 
--- Requests (SPEC.md "Request record"): the row is the source of truth; graphile-worker only
--- delivers work. Bodies, answers and frames live in their own tables so the retention sweep
--- can remove them while the metadata (status, model, tokens, cost, timings) stays.
+-- Requests (docs/api.md "The request record"; docs/durability.md "Request states"): the row
+-- is the source of truth; graphile-worker only delivers work. Bodies, answers and frames live
+-- in their own tables so the retention sweep can remove them while the metadata (status,
+-- model, tokens, cost, timings) stays.
 CREATE TABLE sarsen.requests (
   id                text PRIMARY KEY CHECK (id LIKE 'req\_%'),
   tenancy_id        text NOT NULL,

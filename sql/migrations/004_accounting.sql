@@ -1,6 +1,6 @@
 -- Up Migration
 
--- Storage held per namespace (SPEC.md "Storage object"), maintained in the same transactions
+-- Storage held per namespace (docs/accounting.md "Storage"), maintained in the same transactions
 -- that write or remove bodies, answers and frames, so reading it costs the same at any size.
 ALTER TABLE sarsen.usage_rollup
   ADD COLUMN request_bytes  bigint NOT NULL DEFAULT 0,

@@ -1,6 +1,6 @@
 -- Up Migration
 
--- How often executors run the retention sweep (SPEC.md "Retention rules"): its own setting,
+-- How often executors run the retention sweep (docs/accounting.md "Retention"): its own setting,
 -- since it reads every namespace's horizon and need not run as often as the lease sweep.
 INSERT INTO sarsen.settings (name, value) VALUES ('retention_sweep_interval_ms', '60000');
 

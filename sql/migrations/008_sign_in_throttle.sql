@@ -1,10 +1,10 @@
 -- Up Migration
 
--- Sign-in throttling (README "Sign-in throttling"): attempts counted per account and per client
--- address in a window that starts with the first attempt. `key` is an HMAC (api-key-hash-key)
--- of the tenancy and normalised email, or of the client address: neither is stored in the
--- clear. An attempt counts before its password is checked, so parallel guesses cannot slip
--- past the limit; a success takes its own count back and clears its account's.
+-- Sign-in throttling (docs/administration.md "Sign-in throttling"): attempts counted per account
+-- and per client address in a window that starts with the first attempt. `key` is an HMAC
+-- (api-key-hash-key) of the tenancy and normalised email, or of the client address: neither is
+-- stored in the clear. An attempt counts before its password is checked, so parallel guesses
+-- cannot slip past the limit; a success takes its own count back and clears its account's.
 CREATE TABLE sarsen.sign_in_attempts (
   key          bytea PRIMARY KEY,
   attempts     integer NOT NULL,

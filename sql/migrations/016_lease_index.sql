@@ -3,8 +3,8 @@
 -- that ends or hands back an attempt clears it). With `WHERE status = 'running'` it matched
 -- every statement that names a running request by id (the terminal writes, frame flushes and
 -- lease renewals all check `status = 'running'` as their fence), and a generic plan made while
--- few requests ran read the whole index and each of its rows to find a batch's few: with 1,000
--- streams running, every frame flush visited 1,000 rows. Those statements cannot use this one,
+-- few requests ran read the whole index and each of its rows to find a batch's few (every
+-- running request, for each frame flush). Those statements cannot use this one,
 -- so they reach their rows through the primary key.
 DROP INDEX sarsen.requests_running_lease_idx;
 CREATE INDEX requests_lease_idx ON sarsen.requests (lease_expires_at) WHERE lease_expires_at IS NOT NULL;

@@ -1,10 +1,10 @@
 -- Up Migration
 
 -- Which Sarsen buses listen, as a table (issue 13). bus_has_peers() used to read
--- pg_stat_get_activity(), which builds a row for every backend slot of the server: about 0.3 ms
--- on a slow machine, paid by every terminal write, frame flush and sweep that produced events,
--- to learn what changes only when a process starts or stops. A one-row index lookup costs a
--- quarter of that.
+-- pg_stat_get_activity(), which builds a row for every backend slot of the server on every
+-- look, paid by every terminal write, frame flush and sweep that produced events, to learn what
+-- changes only when a process starts or stops; a one-row index read does not
+-- (docs/performance.md "Costs measured in isolation").
 --
 -- A bus registers itself when it joins (bus_join(), after it LISTENs), and removes its row when
 -- it closes. Rows of buses whose connection is gone (a process killed, a connection cut) are

@@ -17,7 +17,7 @@ import { findTenancyBySlug } from '../db/tenancies.ts';
 import { listNamespaces, insertNamespace, updateNamespace, deleteNamespace } from '../db/namespaces.ts';
 import { listBackends, loadBackendForCall, insertBackend, updateBackend, deleteBackend } from '../db/backends.ts';
 import { listRules, insertRule, updateRule, deleteRule } from '../db/routing-rules.ts';
-import { listApiKeys, insertApiKey, revokeApiKey } from '../db/api-keys.ts';
+import { listApiKeys, insertApiKey, revokeApiKey, setApiKeyLimits } from '../db/api-keys.ts';
 import { isForeignKeyViolation } from '../db/pg-errors.ts';
 import { loadSettings } from '../db/settings.ts';
 import { createKeyring, seal, type Keyring } from '../core/sealing.ts';
@@ -26,7 +26,7 @@ import { generateApiKey, hashApiKeySecret } from '../core/api-keys.ts';
 import { checkHostAllowed } from '../core/address-policy.ts';
 import { dialectOfKind, normaliseBackendAddress, openBackendCredential } from '../control/backends.ts';
 import { fallbackMismatch, chainBrokenByEdit, type ChainMember } from '../control/fallback-chains.ts';
-import { planApply, describeChange, type Change, type CurrentNamespace, type DesiredNamespace, type BackendRef } from '../control/apply-plan.ts';
+import { planApply, describeChange, type Change, type CurrentNamespace, type DesiredKey, type DesiredNamespace, type BackendRef } from '../control/apply-plan.ts';
 import * as nsRoutes from '../http/admin/namespaces.ts';
 import * as bkRoutes from '../http/admin/backends.ts';
 import * as rrRoutes from '../http/admin/routing-rules.ts';
@@ -158,8 +158,16 @@ async function desiredState(cfg: ApplyFile, opts: { baseDir: string; env: NodeJS
       }
       return { model: r.model, backend, fallbacks, rewrite_model: r.rewrite_model ?? null, priority: r.priority ?? 0, action };
     });
-    const api_keys = ns.api_keys.map((k) => ({ name: k.name, grants: k.grants.includes('manage') ? (['use', 'manage'] as const).slice() : ['use' as const], spend_limit: k.spend_limit ?? null }));
-    out.push({ name: ns.name, retention_minutes: ns.retention_minutes ?? null, spend_limit: ns.spend_limit ?? null, backends, routing_rules, api_keys });
+    const api_keys = ns.api_keys.map((k) => ({
+      name: k.name,
+      grants: k.grants.includes('manage') ? (['use', 'manage'] as const).slice() : ['use' as const],
+      spend_limit: k.spend_limit ?? null,
+      limits: akRoutes.storedLimits(k.limits),
+    }));
+    out.push({
+      name: ns.name, retention_minutes: ns.retention_minutes ?? null, spend_limit: ns.spend_limit ?? null, cache_ttl_minutes: ns.cache_ttl_minutes ?? null,
+      backends, routing_rules, api_keys,
+    });
   }
   return out;
 }
@@ -173,8 +181,13 @@ async function currentState(pool: Pool, tenancyId: string, keyring: Keyring): Pr
       backends.push({ id: b.id, name: b.name, kind: b.kind, address: b.address, credential_source: b.credential_source, credential: sealed ? openBackendCredential(keyring, sealed) : null });
     }
     const rules = (await listRules(pool, ns.id)).map((r) => ({ id: r.id, model: r.model, backend_id: r.backend_id, fallback_backend_ids: r.fallback_backend_ids, rewrite_model: r.rewrite_model, priority: r.priority, action: r.action }));
-    const keys = (await listApiKeys(pool, ns.id)).filter((k) => k.revoked_at === null).map((k) => ({ id: k.id, name: k.name, grants: k.grants, spend_limit: k.spend_limit }));
-    out.push({ id: ns.id, name: ns.name, retention_minutes: ns.retention_minutes, spend_limit: ns.spend_limit, backends, routing_rules: rules, api_keys: keys });
+    const keys = (await listApiKeys(pool, ns.id))
+      .filter((k) => k.revoked_at === null)
+      .map((k) => ({ id: k.id, name: k.name, grants: k.grants, spend_limit: k.spend_limit, limits: { requests_per_minute: k.requests_per_minute, tokens_per_minute: k.tokens_per_minute } }));
+    out.push({
+      id: ns.id, name: ns.name, retention_minutes: ns.retention_minutes, spend_limit: ns.spend_limit, cache_ttl_minutes: ns.cache_ttl_minutes,
+      backends, routing_rules: rules, api_keys: keys,
+    });
   }
   return out;
 }
@@ -187,9 +200,12 @@ async function execute(tx: PoolClient, tenancyId: string, changes: readonly Chan
   const created = new Map<string, string>(); // `${ns}/${backend name}` -> id of a backend made here
   const backendId = (ns: string, ref: NonNullable<BackendRef>) => ('id' in ref ? ref.id : created.get(`${ns}/${ref.name}`)!);
   const issued: Issued[] = [];
-  const issue = async (ns: string, k: { name: string; grants: ('use' | 'manage')[]; spend_limit: number | null }) => {
+  const issue = async (ns: string, k: DesiredKey) => {
     const g = generateApiKey();
-    await insertApiKey(tx, { id: newId('key'), namespace_id: nsIds.get(ns)!, name: k.name, prefix: g.prefix, secret_hash: hashApiKeySecret(hashKey, g.prefix, g.secret), grants: k.grants, spend_limit: k.spend_limit });
+    await insertApiKey(tx, {
+      id: newId('key'), namespace_id: nsIds.get(ns)!, name: k.name, prefix: g.prefix, secret_hash: hashApiKeySecret(hashKey, g.prefix, g.secret),
+      grants: k.grants, spend_limit: k.spend_limit, ...k.limits,
+    });
     issued.push({ ns, name: k.name, key: g.key });
   };
   const edited: { ns: string; nsId: string; id: string; member: ChainMember }[] = [];
@@ -197,9 +213,13 @@ async function execute(tx: PoolClient, tenancyId: string, changes: readonly Chan
     const nsId = nsIds.get(c.ns)!;
     if (c.what === 'namespace') {
       if (c.op === 'create') {
-        const row = await insertNamespace(tx, { id: newId('ns'), tenancy_id: tenancyId, name: c.ns, retention_minutes: c.desired.retention_minutes, spend_limit: c.desired.spend_limit });
+        const { retention_minutes, spend_limit, cache_ttl_minutes } = c.desired;
+        const row = await insertNamespace(tx, { id: newId('ns'), tenancy_id: tenancyId, name: c.ns, retention_minutes, spend_limit, cache_ttl_minutes });
         nsIds.set(c.ns, row.id);
-      } else if (c.op === 'update') await updateNamespace(tx, c.id, { retention_minutes: c.desired.retention_minutes, spend_limit: c.desired.spend_limit });
+      } else if (c.op === 'update') {
+        const { retention_minutes, spend_limit, cache_ttl_minutes } = c.desired;
+        await updateNamespace(tx, c.id, { retention_minutes, spend_limit, cache_ttl_minutes });
+      }
       else if (!(await deleteNamespace(tx, c.id).catch(refused(`namespace ${c.ns}: other records (requests, the ledger) still refer to it`)))) throw new ConfigError(`namespace ${c.ns} is gone.`);
     } else if (c.what === 'backend') {
       if (c.op === 'delete') {
@@ -221,7 +241,8 @@ async function execute(tx: PoolClient, tenancyId: string, changes: readonly Chan
         if (c.op === 'create') await insertRule(tx, { id: newId('rule'), namespace_id: nsId, ...fields });
         else await updateRule(tx, nsId, c.id, fields);
       }
-    } else {
+    } else if (c.op === 'update') await setApiKeyLimits(tx, nsId, c.id, c.desired.limits);
+    else {
       if (c.op === 'delete' || c.op === 'replace') await revokeApiKey(tx, nsId, c.id);
       if (c.op !== 'delete') await issue(c.ns, c.desired);
     }

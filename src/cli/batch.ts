@@ -11,11 +11,12 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { ConfigError } from '../config/config.ts';
 import { topLevelValueSpan } from '../core/json-span.ts';
 
-const USAGE = 'usage: sarsen batch run INPUT.jsonl --base-url URL --key-file FILE --out RESULTS.jsonl [--dialect chat|messages] [--concurrency N] [--skip-invalid]';
-// Sarsen's submission limit (README "Errors"): a larger body would be refused line by line.
+const USAGE = 'usage: sarsen batch run INPUT.jsonl --base-url URL --key-file FILE --out RESULTS.jsonl [--dialect chat|messages|responses] [--concurrency N] [--skip-invalid]';
+// Sarsen's submission limit (docs/api.md "Limits"): a larger body would be refused line by line.
 const MAX_BODY_BYTES = 2 * 1024 * 1024;
-const PATHS = { chat: '/v1/chat/completions', messages: '/v1/messages' } as const;
+const PATHS = { chat: '/v1/chat/completions', messages: '/v1/messages', responses: '/v1/responses' } as const;
 type Dialect = keyof typeof PATHS;
+const isBatchDialect = (d: string): d is Dialect => Object.hasOwn(PATHS, d);
 // 429 and 503 from Sarsen itself are retried this many times, after Retry-After or a backoff.
 const MAX_RETRIES = 10;
 const POLL_MS = 500;
@@ -176,7 +177,7 @@ export async function batchCommand(argv: string[], out: (line: string) => void):
   const v = parsed.values;
   const [sub, input, ...rest] = parsed.positionals;
   if (sub !== 'run' || !input || rest.length > 0 || !v['base-url'] || !v['key-file'] || !v.out) throw new ConfigError(USAGE);
-  if (v.dialect !== 'chat' && v.dialect !== 'messages') throw new ConfigError('--dialect must be chat or messages');
+  if (!isBatchDialect(v.dialect)) throw new ConfigError('--dialect must be chat, messages or responses');
   const concurrency = Number(v.concurrency);
   if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 1024) throw new ConfigError('--concurrency must be an integer from 1 to 1024');
   const client: Client = { base: v['base-url'].replace(/\/+$/, ''), key: fs.readFileSync(v['key-file'], 'utf8').trim(), dialect: v.dialect };

@@ -1,8 +1,9 @@
 import type { ServeOptions } from '../config/config.ts';
 import type { OpenDatabase } from './database.ts';
-import { startSarsen } from '../server.ts';
+import type { Sarsen } from '../server.ts';
 import { configureLogging, logger, errorFields, writeStdout } from '../log.ts';
 import { bootstrapEmbedded, firstRunBanner } from './tenancy.ts';
+import { startIdleCollector } from '../idle-collector.ts';
 
 // A terminal's Ctrl-C reaches every process of its group, and `npm start` passes its own copy on
 // to Sarsen: one keypress arrives as two signals a few milliseconds apart. Only a signal this
@@ -18,37 +19,63 @@ export async function serve(db: OpenDatabase, opts: ServeOptions, mode: { embedd
   configureLogging({ role: opts.role });
   // Embedded quick start: the first run creates default/default and its owner before binding.
   const firstRun = mode.embedded ? await bootstrapEmbedded(db.conn) : null;
+  const { startSarsen } = await import('../server.ts');
   const sarsen = await startSarsen({ conn: db.conn, serve: opts, secrets: db.secrets });
   // Printed, not logged: the password must not reach a log collector.
   if (firstRun) writeStdout(firstRunBanner(firstRun, sarsen.url) + '\n');
-  let code = 0;
-  await new Promise<void>((resolve) => {
-    let signalledAt: number | null = null;
-    const onSignal = (signal: NodeJS.Signals) => {
-      if (signalledAt !== null) {
-        if (Date.now() - signalledAt < SAME_SIGNAL_MS) return;
-        logger.warn('second signal: exiting at once', { signal });
-        process.exit(1);
-      }
-      signalledAt = Date.now();
-      logger.info('shutting down', { signal });
+  return runUntilStopped(sarsen);
+}
+
+/** Serves until a signal (exit code 0) or a fault that cannot heal (1); stops `sarsen` either way. */
+export function runUntilStopped(sarsen: Sarsen): Promise<number> {
+  // A quiet process gives back what a burst left behind (src/idle-collector.ts).
+  const collector = startIdleCollector();
+  return new Promise<number>((resolve) => {
+    let code = 0;
+    const stop = () => {
       sarsen
         .stop()
         .catch((err) => logger.error('shutdown failed', errorFields(err)))
-        .finally(resolve);
+        .finally(() => {
+          collector.stop();
+          resolve(code);
+        });
     };
-    process.on('SIGTERM', onSignal);
-    process.on('SIGINT', onSignal);
+    const signals = onStopSignals(stop);
     void sarsen.failed.then((reason) => {
-      if (signalledAt !== null) return;
-      signalledAt = Date.now();
+      if (!signals.stopAsIfSignalled()) return;
       logger.error(`exiting: ${reason}`);
       code = 1;
-      sarsen
-        .stop()
-        .catch((err) => logger.error('shutdown failed', errorFields(err)))
-        .finally(resolve);
+      stop();
     });
   });
-  return code;
+}
+
+/**
+ * Calls `stop` on the first SIGTERM or SIGINT. Another signal at least a second later exits at
+ * once with code 1, after `beforeForcedExit`. `stopAsIfSignalled` answers false when a signal
+ * came first, and otherwise makes the next signal the second.
+ */
+export function onStopSignals(stop: (signal: NodeJS.Signals) => void, beforeForcedExit: () => void = () => {}): { stopAsIfSignalled(): boolean } {
+  let signalledAt: number | null = null;
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (signalledAt !== null) {
+      if (Date.now() - signalledAt < SAME_SIGNAL_MS) return;
+      logger.warn('second signal: exiting at once', { signal });
+      beforeForcedExit();
+      process.exit(1);
+    }
+    signalledAt = Date.now();
+    logger.info('shutting down', { signal });
+    stop(signal);
+  };
+  process.on('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
+  return {
+    stopAsIfSignalled() {
+      if (signalledAt !== null) return false;
+      signalledAt = Date.now();
+      return true;
+    },
+  };
 }

@@ -5,6 +5,8 @@ import { parseArgs } from 'node:util';
 import path from 'node:path';
 import { z } from 'zod';
 import { LOG_LEVELS, type LogLevel } from '../log.ts';
+import { parseHosts, HostListError } from '../core/hosts.ts';
+import { minimumConnections } from '../core/connection-budget.ts';
 
 export const ROLES = ['api', 'executor', 'both'] as const;
 export type Role = (typeof ROLES)[number];
@@ -18,6 +20,8 @@ export type ServeOptions = Readonly<{
   host: string;
   /** Attempts an executor runs at once (the provider calls are I/O-bound: one process holds many). */
   executorConcurrency: number;
+  /** The most database connections the process holds (absent: the role's default; docs/scaling.md). */
+  databaseConnections?: number;
 }>;
 
 export type Environment = Readonly<{
@@ -25,6 +29,8 @@ export type Environment = Readonly<{
   dataDir: string;
   secretsDir: string;
   logLevel: LogLevel;
+  /** CTX_PROCESSES: how many processes `serve` runs when --processes is not given. */
+  processes: number | null;
 }>;
 
 const port = z.coerce.number().int().min(0).max(65535);
@@ -38,6 +44,7 @@ const envSchema = z.object({
   CTX_SECRETS_DIR: nonEmpty.optional(),
   CTX_DATA_DIR: nonEmpty.default('.sarsen'),
   CTX_LOG_LEVEL: z.enum(LOG_LEVELS).default('info'),
+  CTX_PROCESSES: z.coerce.number().int().min(1).max(256).optional(),
 });
 
 export class ConfigError extends Error {
@@ -52,13 +59,21 @@ export function readEnvironment(env: NodeJS.ProcessEnv = process.env): Environme
   const parsed = envSchema.safeParse(env);
   if (!parsed.success) throw new ConfigError(`Invalid environment: ${formatIssues(parsed.error)}`);
   const e = parsed.data;
+  if (e.CTX_DATABASE_HOST) {
+    try {
+      parseHosts(e.CTX_DATABASE_HOST, e.CTX_DATABASE_PORT);
+    } catch (err) {
+      if (err instanceof HostListError) throw new ConfigError(`Invalid environment: CTX_DATABASE_HOST: ${err.message}`);
+      throw err;
+    }
+  }
   const dataDir = path.resolve(e.CTX_DATA_DIR);
   const database = e.CTX_DATABASE_HOST
     ? { host: e.CTX_DATABASE_HOST, port: e.CTX_DATABASE_PORT, user: e.CTX_DATABASE_USER, database: e.CTX_DATABASE_NAME }
     : null;
   // Embedded mode keeps its generated dev secrets beside its data; a real deployment mounts them.
   const secretsDir = path.resolve(e.CTX_SECRETS_DIR ?? (database ? '/run/secrets/sarsen' : path.join(dataDir, 'secrets')));
-  return Object.freeze({ database: database && Object.freeze(database), dataDir, secretsDir, logLevel: e.CTX_LOG_LEVEL });
+  return Object.freeze({ database: database && Object.freeze(database), dataDir, secretsDir, logLevel: e.CTX_LOG_LEVEL, processes: e.CTX_PROCESSES ?? null });
 }
 
 const serveSchema = z.object({
@@ -67,9 +82,19 @@ const serveSchema = z.object({
   port,
   host: nonEmpty,
   executorConcurrency: z.coerce.number().int().min(1).max(100_000),
+  databaseConnections: z.coerce.number().int().min(1).max(10_000).optional(),
 });
 
-export type ParsedCommand = Readonly<{ command: string[]; serve: ServeOptions; owner?: string; apply: { prune: boolean; dryRun: boolean } }>;
+export type ParsedCommand = Readonly<{
+  command: string[];
+  serve: ServeOptions;
+  /** --processes: how many processes serve behind one port (null: CTX_PROCESSES, else the default). */
+  processes: number | null;
+  owner?: string;
+  apply: { prune: boolean; dryRun: boolean };
+}>;
+
+const processes = z.coerce.number().int().min(1).max(256);
 
 /** Splits argv into a sub-command (words) and the serve flags. `sarsen` alone means `sarsen serve`. */
 export function parseCommandLine(argv: string[], embedded: boolean): ParsedCommand {
@@ -85,6 +110,8 @@ export function parseCommandLine(argv: string[], embedded: boolean): ParsedComma
         port: { type: 'string', default: '8080' },
         host: { type: 'string' },
         'executor-concurrency': { type: 'string', default: '1024' },
+        processes: { type: 'string' },
+        'database-connections': { type: 'string' },
         owner: { type: 'string' },
         prune: { type: 'boolean', default: false },
         'dry-run': { type: 'boolean', default: false },
@@ -101,9 +128,16 @@ export function parseCommandLine(argv: string[], embedded: boolean): ParsedComma
     port: v.port,
     host: v.host ?? (embedded ? '127.0.0.1' : '0.0.0.0'),
     executorConcurrency: v['executor-concurrency'],
+    databaseConnections: v['database-connections'],
   });
   if (!serve.success) throw new ConfigError(`Invalid flags: ${formatIssues(serve.error)}`);
+  const count = v.processes === undefined ? null : processes.safeParse(v.processes);
+  if (count && !count.success) throw new ConfigError(`Invalid flags: processes: ${formatIssues(count.error)}`);
+  const { role, databaseConnections } = serve.data;
+  if (databaseConnections !== undefined && databaseConnections < minimumConnections(role)) {
+    throw new ConfigError(`Invalid flags: --database-connections: a ${role} process needs at least ${minimumConnections(role)}`);
+  }
   const command = parsed.positionals.length > 0 ? parsed.positionals : ['serve'];
   if (v.help) command.splice(0, command.length, 'help');
-  return Object.freeze({ command, serve: Object.freeze(serve.data), owner: v.owner, apply: { prune: v.prune, dryRun: v['dry-run'] } });
+  return Object.freeze({ command, serve: Object.freeze(serve.data), processes: count?.data ?? null, owner: v.owner, apply: { prune: v.prune, dryRun: v['dry-run'] } });
 }

@@ -1,4 +1,4 @@
-// Secrets are files in a mounted directory, one file per secret (SPEC.md "Deployment facts").
+// Secrets are files in a mounted directory, one file per secret (docs/operations.md "Secrets").
 import fs from 'node:fs';
 import path from 'node:path';
 import crypto from 'node:crypto';

@@ -15,11 +15,14 @@ export type DesiredBackend = {
 };
 /** `backend` and `fallbacks` (tried in order) are names of the file's backends. */
 export type DesiredRule = { model: string; backend: string | null; fallbacks: string[]; rewrite_model: string | null; priority: number; action: 'route' | 'decline' };
-export type DesiredKey = { name: string; grants: Grant[]; spend_limit: number | null };
+/** A key's rate limits as stored: null fields are off. */
+export type Limits = { requests_per_minute: number | null; tokens_per_minute: number | null };
+export type DesiredKey = { name: string; grants: Grant[]; spend_limit: number | null; limits: Limits };
 export type DesiredNamespace = {
   name: string;
   retention_minutes: number | null;
   spend_limit: number | null;
+  cache_ttl_minutes: number | null;
   backends: DesiredBackend[];
   routing_rules: DesiredRule[];
   api_keys: DesiredKey[];
@@ -27,12 +30,13 @@ export type DesiredNamespace = {
 
 export type CurrentBackend = { id: string; name: string; kind: BackendKind; address: string; credential_source: CredentialSource; credential: string | null };
 export type CurrentRule = { id: string; model: string; backend_id: string | null; fallback_backend_ids: string[]; rewrite_model: string | null; priority: number; action: 'route' | 'decline' };
-export type CurrentKey = { id: string; name: string; grants: Grant[]; spend_limit: number | null };
+export type CurrentKey = { id: string; name: string; grants: Grant[]; spend_limit: number | null; limits: Limits };
 export type CurrentNamespace = {
   id: string;
   name: string;
   retention_minutes: number | null;
   spend_limit: number | null;
+  cache_ttl_minutes: number | null;
   backends: CurrentBackend[];
   routing_rules: CurrentRule[]; // oldest first
   api_keys: CurrentKey[]; // live ones
@@ -53,6 +57,7 @@ export type Change =
   | ({ op: 'update'; what: 'rule'; ns: string; id: string; desired: DesiredRule; fields: string[] } & RuleBackends)
   | { op: 'delete'; what: 'rule'; ns: string; id: string; model: string }
   | { op: 'create'; what: 'key'; ns: string; desired: DesiredKey }
+  | { op: 'update'; what: 'key'; ns: string; id: string; desired: DesiredKey; fields: string[] }
   | { op: 'replace'; what: 'key'; ns: string; id: string; desired: DesiredKey; fields: string[] }
   | { op: 'delete'; what: 'key'; ns: string; id: string; name: string };
 
@@ -80,7 +85,7 @@ export function planApply(desired: readonly DesiredNamespace[], current: readonl
     const ns = want.name;
     if (!have) early.push({ op: 'create', what: 'namespace', ns, desired: want });
     else {
-      const fields = differing(want, have, ['retention_minutes', 'spend_limit']);
+      const fields = differing(want, have, ['retention_minutes', 'spend_limit', 'cache_ttl_minutes']);
       if (fields.length > 0) early.push({ op: 'update', what: 'namespace', ns, id: have.id, desired: want, fields });
       else unchanged++;
     }
@@ -120,9 +125,12 @@ export function planApply(desired: readonly DesiredNamespace[], current: readonl
       const cur = have?.api_keys.find((x) => x.name === k.name);
       if (!cur) keys.push({ op: 'create', what: 'key', ns, desired: k });
       else {
-        // A key's grants and limit are fixed when it is issued: a change issues a new key.
-        const fields = differing(k, cur, ['grants', 'spend_limit']);
-        if (fields.length > 0) keys.push({ op: 'replace', what: 'key', ns, id: cur.id, desired: k, fields });
+        // A key's grants and spend limit are fixed when it is issued: a change issues a new key
+        // (with the file's rate limits). Its rate limits alone change in place.
+        const fixed = differing(k, cur, ['grants', 'spend_limit']);
+        const limits = differing(k, cur, ['limits']);
+        if (fixed.length > 0) keys.push({ op: 'replace', what: 'key', ns, id: cur.id, desired: k, fields: [...fixed, ...limits] });
+        else if (limits.length > 0) keys.push({ op: 'update', what: 'key', ns, id: cur.id, desired: k, fields: limits });
         else unchanged++;
       }
     }

@@ -5,7 +5,7 @@ import type { BackendKind, Dialect, CredentialSource } from '../db/backends.ts';
 
 export const BACKEND_KINDS = ['chat_compat', 'messages', 'aggregator'] as const satisfies readonly BackendKind[];
 
-/** DESIGN.md "Routing": chat_compat and aggregator speak chat; messages speaks messages. */
+/** docs/api.md "Dialects": chat_compat and aggregator speak chat; messages speaks messages. */
 export function dialectOfKind(kind: BackendKind): Dialect {
   return kind === 'messages' ? 'messages' : 'chat';
 }
@@ -61,5 +61,6 @@ export function openBackendCredential(keyring: Keyring, row: SealedCredential): 
 
 // Opened credentials by the sealed value they came from: the routing cache hands every call
 // to a backend the same row, so its credential is decrypted once per load of the row, not once
-// per call (about 30 µs each). Held only while that row is: a reload brings a new value.
+// per call (docs/decisions.md "Opened backend credentials are kept beside their sealed row").
+// Held only while that row is: a reload brings a new value.
 const opened = new WeakMap<Buffer, { keyring: Keyring; aad: string; plain: string }>();

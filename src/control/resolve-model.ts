@@ -95,9 +95,9 @@ function createRoutingCache(deps: Deps): RoutingCache {
 
 /**
  * The rule that wins for `model` in the namespace and, when it routes, its backend
- * (DESIGN.md "Routing": exact beats pattern, longest literal, priority, age). `{ declined }`
- * when the winning rule declines; null when no rule matches. Costs no database round trip
- * while the namespace's entry is cached.
+ * (docs/administration.md "Routing rules": exact beats pattern, longest literal, priority, age).
+ * `{ declined }` when the winning rule declines; null when no rule matches. Costs no database
+ * round trip while the namespace's entry is cached.
  */
 export function resolveModel(deps: Deps, namespaceId: string, model: string): Promise<Resolution> {
   let cache = caches.get(deps);

@@ -1,7 +1,7 @@
-// Policy behind `422 backend_host_refused` (SPEC.md Errors; DESIGN.md "Submissions and
-// records"): with `backends_public_only` on, a backend may not point into the deployment's
-// own network. The host is judged when the backend is created and again at connect time,
-// because a name may resolve elsewhere later.
+// Policy behind `422 backend_host_refused` (docs/api.md "Errors"; docs/administration.md "Backend
+// addresses"): with `backends_public_only` on, a backend may not point into the deployment's own
+// network. The host is judged when the backend is created and again at connect time, because a
+// name may resolve elsewhere later.
 //
 // IPv6 addresses that carry an IPv4 address (mapped, compatible, SIIT, NAT64, 6to4) are
 // judged by the address they carry, so `::ffff:127.0.0.1` is as refused as `127.0.0.1`.

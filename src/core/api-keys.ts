@@ -1,6 +1,6 @@
-// Sarsen API keys: `sar_<prefix>_<secret>` (SPEC.md "API key"). The prefix is the public
-// half that listings and logs show; only an HMAC of the secret is stored. Neither half
-// uses `_`, so a key splits unambiguously on it.
+// Sarsen API keys: `sar_<prefix>_<secret>` (docs/api.md "Authentication"; docs/administration.md
+// "API keys"). The prefix is the public half that listings and logs show; only an HMAC of the
+// secret is stored. Neither half uses `_`, so a key splits unambiguously on it.
 import { createHmac, createSecretKey, timingSafeEqual, type KeyObject } from 'node:crypto';
 import { randomChars } from './ids.ts';
 
@@ -32,8 +32,9 @@ export function parseApiKey(s: string): ParsedApiKey | null {
   return m === null ? null : { prefix: m[1], secret: m[2] };
 }
 
-// Node turns a Buffer key into a key object on every HMAC (about four times the HMAC's own
-// cost); the deployment's key is one Buffer for the life of the process, so it is done once.
+// Node turns a Buffer key into a key object on every HMAC (docs/performance.md "Costs
+// measured in isolation"); the deployment's key is one Buffer for the life of the process, so
+// it is done once.
 const keyObjects = new WeakMap<Buffer, KeyObject>();
 
 /** The HMAC key object of `api-key-hash-key` (also keys the caller-credential identity). */

@@ -1,26 +1,11 @@
 // Group commit, as a shape: items that arrive while a flush is in flight wait for the next one,
-// which takes them all (up to `maxBatch`), so a burst of N costs a few flushes instead of N.
-// An idle batcher flushes at once, taking what arrived in the same turn of the event loop. The
-// flush function answers one result per item, in order; if it throws, every item of its
-// batch fails with that error.
-//
-// `lanes` lets that many flushes be in flight at once, each on a lane of its own (the flush is
-// told which: its connection, its counter shard). With one lane the process and the database
-// take turns: while a batch commits, the requests waiting on it leave the process idle, and
-// while the process answers them and reads the next ones, the database is. A second lane
-// overlaps the two. Items of one batcher carry no order across lanes; a writer whose items
-// must land in order keeps one lane.
-//
-// A lane beside one in flight opens only once `spareAt` items wait. Every flush costs the
-// database a statement and a commit whatever its size: at moderate load a second lane would
-// flush each arrival on its own while the first commits (at concurrency 16 on a 2-core
-// machine, with the CPU at its limit, two open lanes added 13-19 ms, median 16, where one
-// added 12-14), while a burst outgrowing one lane still gets the overlap.
+// which takes them all (up to `maxBatch`), so a burst of N costs a few flushes instead of N;
+// why it has lanes and a spare one: docs/durability.md "Group commits".
 
 /**
- * Where the group-committing writers open a spare lane. A flush of one item costs PostgreSQL
- * about as much as seven more items add to a batch (0.5-0.65 ms against 70-94 µs each): a
- * spare carrying 32 spends at most a fifth of its work on being a statement of its own.
+ * Where the group-committing writers open a spare lane: a spare carrying this many spends
+ * little of its work on being a statement of its own (docs/performance.md "Costs measured in
+ * isolation").
  */
 export const SPARE_LANE_AT = 32;
 
@@ -30,8 +15,23 @@ export type Batcher<T, R> = {
   size(): number;
 };
 
-export type BatcherOptions = { maxBatch: number; lanes?: number; spareAt?: number };
+export type BatcherOptions = {
+  maxBatch: number;
+  /**
+   * Flushes in flight at once, each on a lane of its own that the flush is told (its connection,
+   * its counter shard). Items carry no order across lanes: a writer whose items must land in
+   * order keeps one.
+   */
+  lanes?: number;
+  /** Items that must wait before a lane opens beside one in flight. */
+  spareAt?: number;
+};
 
+/**
+ * An idle batcher flushes at once, taking what arrived in the same turn of the event loop.
+ * `flush` answers one result per item, in order; if it throws, every item of its batch fails
+ * with that error.
+ */
 export function createBatcher<T, R>(flush: (items: T[], lane: number) => Promise<R[]>, opts: BatcherOptions): Batcher<T, R> {
   type Waiting = { item: T; resolve: (r: R) => void; reject: (err: unknown) => void };
   let queue: Waiting[] = [];

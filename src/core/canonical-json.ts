@@ -1,5 +1,4 @@
-// Canonical JSON for request bodies (SPEC "What the service does" 4, Endpoints 7;
-// DESIGN "Canonical body", "Idempotency identity").
+// Canonical JSON for request bodies (docs/api.md "The canonical body", "Idempotency").
 //
 // One hand-written pass both builds the value and emits the canonical text, so a
 // body is scanned once. Strings are located with indexOf (native, vectorised) and

@@ -1,5 +1,5 @@
-// The one error type Sarsen raises itself, and the one table of codes (SPEC.md "Errors",
-// with `service` rendered as `sarsen`). Provider refusals never pass through here.
+// The one error type Sarsen raises itself, and the one table of codes (docs/api.md
+// "Errors"). Provider refusals never pass through here.
 
 export const ERROR_CODES = {
   bad_request: { status: 400, message: 'The request is malformed.' },
@@ -36,15 +36,18 @@ export const ERROR_CODES = {
     message: 'The backend address points inside the deployment\'s own network.',
   },
   passthrough_disabled: { status: 422, message: 'Caller-credential backends are not available here.' },
-  // An addition to SPEC.md's table: the sign-in throttle.
+  // A key over its rate limit (docs/api.md "Rate limits"); nothing was accepted.
+  // Distinct from a provider's own 429, which passes through unchanged.
+  rate_limited: { status: 429, message: 'The API key is over its rate limit; try again after the time in Retry-After.' },
+  // The sign-in throttle (docs/administration.md "Sign-in throttling").
   too_many_attempts: { status: 429, message: 'Too many sign-in attempts; try again after the time in Retry-After.' },
-  // An addition to SPEC.md's table (issue 18): the stored error of a request cancelled by
-  // POST /requests/{id}/cancel. 499, not a 409 or 5xx, so the official SDKs do not resubmit it.
+  // The stored error of a request cancelled by POST /requests/{id}/cancel. 499, not a 409
+  // or 5xx, so the official SDKs do not resubmit it.
   cancelled: { status: 499, message: 'The request was cancelled.' },
   internal: { status: 500, message: 'Internal error.' },
   upstream_failed: { status: 502, message: 'The provider could not be reached.' },
-  // Not in SPEC.md's table: the database is unreachable for a moment (an outage or restart).
-  // Nothing was accepted; the official SDKs retry a 503 on their own, after Retry-After.
+  // The database is unreachable for a moment (an outage or restart). Nothing was accepted;
+  // the official SDKs retry a 503 on their own, after Retry-After.
   unavailable: { status: 503, message: 'The service cannot reach its database for a moment; retry shortly.' },
   held_too_long: { status: 504, message: 'Gave up waiting; the execution continues.' },
   loop_detected: { status: 508, message: 'The submission arrived at the re-route ceiling.' },
@@ -55,12 +58,15 @@ export type ErrorCode = keyof typeof ERROR_CODES;
 export class ServiceError extends Error {
   readonly code: ErrorCode;
   readonly status: number;
+  /** Seconds to send in Retry-After, when the answer says when to try again. */
+  readonly retryAfterSeconds: number | undefined;
 
-  constructor(code: ErrorCode, message?: string) {
+  constructor(code: ErrorCode, message?: string, opts: { retryAfterSeconds?: number } = {}) {
     super(message ?? ERROR_CODES[code].message);
     this.name = 'ServiceError';
     this.code = code;
     this.status = ERROR_CODES[code].status;
+    this.retryAfterSeconds = opts.retryAfterSeconds;
   }
 }
 

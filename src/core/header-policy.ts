@@ -1,24 +1,7 @@
-// Which caller headers reach the provider, and the header set of an upstream call
-// (SPEC Authentication 6, Versioning 2-3; DESIGN 1 vendor facts, 4 re-route ceiling).
-//
-// Forwarded: every header named `anthropic-*` (an open list, so new provider
-// capabilities work without a change here) except `anthropic-version`, which
-// Sarsen sets itself; and `openai-beta`, `openai-organization`, `openai-project`.
-// Both groups are forwarded whatever the backend's dialect: SPEC names one list,
-// not one per dialect, and an aggregator (chat dialect) may serve messages-family
-// models that read `anthropic-beta`. Everything else stays behind: credentials
-// (`authorization`, `x-api-key`, `x-sarsen-key`), `last-event-id`, cookies,
-// session and agent ids, hop-by-hop and framing headers, `x-sarsen-hops`.
-//
-// A forwarded value longer than 4,096 bytes, or holding a control character
-// (0x00-0x1F, tab included, or 0x7F), is dropped whole: a truncated value could
-// silently change meaning.
-//
-// Values are byte strings: node hands each header byte over as one latin1 character
-// (U+0000-U+00FF), and undici writes header strings back as latin1. So a value's length
-// is its size on the wire, and forwarding the string sends the bytes that arrived,
-// whatever their encoding. A character above U+00FF cannot have come off the wire (and
-// would not survive latin1): such a value is not forwarded.
+// Which caller headers reach the provider, and the header set of an upstream call (the rules:
+// docs/api.md "Upstream headers", "Versioning", "Dialects"). Values are byte strings: node hands
+// each byte over as one latin1 character and undici writes them back as latin1, so a value's
+// length is its size on the wire and forwarding it sends the bytes that arrived.
 import type { Dialect } from './tokens.ts';
 
 export const ANTHROPIC_VERSION = '2023-06-01';
@@ -27,7 +10,7 @@ export const HOPS_HEADER = 'x-sarsen-hops';
 
 const VENDOR_PREFIX = 'anthropic-';
 const CHAT_VENDOR_HEADERS: ReadonlySet<string> = new Set(['openai-beta', 'openai-organization', 'openai-project']);
-// A control character, or a character that is not one byte (see above).
+// A control character, or one above U+00FF: it cannot have come off the wire (nor survive latin1).
 const NOT_FORWARDABLE_CHAR = /[\x00-\x1f\x7f\u0100-\uffff]/;
 
 /** Whether a header (by lower-cased name) is one the provider may receive from the caller. */
@@ -47,8 +30,8 @@ export function isForwardableValue(value: string): boolean {
 /**
  * The caller's headers to pass to the provider, from node's `req.rawHeaders`
  * (name, value, name, value...). Names are lower-cased; repeated headers are
- * kept, in arrival order. `dialect` does not change the answer (see above); it
- * is taken so a per-dialect rule can be added without touching callers.
+ * kept, in arrival order. `dialect` does not change the answer (the docs name one list for
+ * every dialect); it is taken so a per-dialect rule can be added without touching callers.
  */
 export function forwardableHeaders(dialect: Dialect, rawHeaders: readonly string[]): [string, string][] {
   void dialect;
@@ -86,8 +69,9 @@ export function upstreamHeaders(dialect: Dialect, opts: UpstreamHeaderOptions): 
     'content-length': String(opts.contentLength),
   };
   if (opts.credential !== null) {
-    if (dialect === 'chat') headers.authorization = `Bearer ${opts.credential}`;
-    else headers['x-api-key'] = opts.credential;
+    // The chat vendor's Responses API takes its key as Chat Completions does.
+    if (dialect === 'messages') headers['x-api-key'] = opts.credential;
+    else headers.authorization = `Bearer ${opts.credential}`;
   }
   if (dialect === 'messages') headers['anthropic-version'] = ANTHROPIC_VERSION;
   headers[HOPS_HEADER] = String(opts.hops);

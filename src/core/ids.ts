@@ -1,7 +1,11 @@
-// Prefixed, sortable identifiers: `${prefix}_${ulid}` (DESIGN.md "Identifiers and formats").
+// Prefixed, sortable identifiers: `${prefix}_${ulid}` (docs/api.md "Identifiers and formats").
 // A ULID is 26 Crockford base32 characters: 10 for a 48-bit millisecond timestamp,
 // 16 for 80 random bits. Within one millisecond the random part is incremented
 // instead of redrawn, so ids made by one process sort in creation order.
+//
+// Request ids end in a tag drawn once per process (4 of the 16 random characters): a statement
+// that changes a request tells the process that accepted it by that tag alone (docs/scaling.md,
+// "Many processes on one primary"). The other 60 bits stay random.
 import { randomBytes } from 'node:crypto';
 
 export type IdPrefix = 'req' | 'bk' | 'rule' | 'key' | 'usr' | 'ns' | 'ten' | 'ses';
@@ -56,13 +60,19 @@ function incrementDigits(digits: number[]): boolean {
   return false;
 }
 
+/** Characters of a request id's random part that name the process that made it. */
+export const TAG_LEN = 4;
+
 /**
- * A generator with its own monotonic state. `now` is injectable for tests.
- * A clock that steps backwards keeps using the last timestamp, so order survives it.
+ * A generator with its own monotonic state. `now` is injectable for tests. A clock that steps
+ * backwards keeps using the last timestamp, so order survives it. With `tag` (TAG_LEN Crockford
+ * characters), every id ends in it and the random digits before it count within a millisecond.
  */
-export function createIdGenerator(now: () => number = Date.now): IdGenerator {
+export function createIdGenerator(now: () => number = Date.now, tag = ''): IdGenerator {
+  if (tag !== '' && !new RegExp(`^[${CROCKFORD}]{${TAG_LEN}}$`).test(tag)) throw new TypeError(`invalid id tag: ${JSON.stringify(tag)}`);
   let lastTime = -1;
   let lastDigits: number[] = [];
+  const digits = () => freshRandomDigits().slice(0, RANDOM_LEN - tag.length);
   return (prefix) => {
     if (!PREFIX_RE.test(prefix)) throw new TypeError(`invalid id prefix: ${JSON.stringify(prefix)}`);
     let time = Math.floor(now());
@@ -71,21 +81,30 @@ export function createIdGenerator(now: () => number = Date.now): IdGenerator {
       time = lastTime;
       if (!incrementDigits(lastDigits)) {
         time = lastTime + 1;
-        lastDigits = freshRandomDigits();
+        lastDigits = digits();
       }
     } else {
-      lastDigits = freshRandomDigits();
+      lastDigits = digits();
     }
     lastTime = time;
-    return `${prefix}_${encodeTime(time)}${lastDigits.map((d) => CROCKFORD[d]).join('')}`;
+    return `${prefix}_${encodeTime(time)}${lastDigits.map((d) => CROCKFORD[d]).join('')}${tag}`;
   };
 }
 
+/** This process's tag: every request id it makes ends in it. */
+export const PROCESS_TAG = randomChars(CROCKFORD, TAG_LEN);
+
 const defaultGenerator = createIdGenerator();
+const requestIds = createIdGenerator(Date.now, PROCESS_TAG);
 
 /** A new id such as `req_01J9Z3...`; ids from this process sort in creation order. */
 export function newId(prefix: IdPrefix | (string & {})): string {
-  return defaultGenerator(prefix);
+  return prefix === 'req' ? requestIds(prefix) : defaultGenerator(prefix);
+}
+
+/** The tag of the process that made request id `id` (its last characters). */
+export function requestTag(id: string): string {
+  return id.slice(-TAG_LEN);
 }
 
 function ulidPart(id: string): string | null {

@@ -1,7 +1,8 @@
-// The request listing's filters (status, model, key, creation time range), parsed from query
+// The request listing's filters (status, model, dialect, key, creation time range), parsed from query
 // parameters into one value the database module turns into WHERE terms. Pure: no I/O.
 import { ServiceError } from './errors.ts';
 import { isId } from './ids.ts';
+import { DIALECTS, isDialect, type Dialect } from './dialects.ts';
 
 export const STATUSES = ['pending', 'running', 'succeeded', 'failed'] as const;
 export type Status = (typeof STATUSES)[number];
@@ -9,6 +10,7 @@ export type Status = (typeof STATUSES)[number];
 export type ListingFilter = {
   status?: Status;
   model?: string;
+  dialect?: Dialect;
   api_key_id?: string;
   /** Inclusive lower bound on created_at. */
   created_since?: Date;
@@ -16,7 +18,7 @@ export type ListingFilter = {
   created_before?: Date;
 };
 
-const FILTER_PARAMS = ['status', 'model', 'api_key_id', 'created_since', 'created_before'] as const;
+const FILTER_PARAMS = ['status', 'model', 'dialect', 'api_key_id', 'created_since', 'created_before'] as const;
 
 const MAX_MODEL_CHARS = 512;
 const ISO_RE = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,3})?)?(?:Z|[+-](\d{2}):(\d{2}))$/;
@@ -52,6 +54,11 @@ export function parseListingFilter(get: (name: string) => string | undefined): L
       throw new ServiceError('bad_request', `\`model\` must be a model name of 1 to ${MAX_MODEL_CHARS} characters.`);
     }
     f.model = model;
+  }
+  const dialect = get('dialect');
+  if (dialect !== undefined) {
+    if (!isDialect(dialect)) throw new ServiceError('bad_request', `\`dialect\` must be one of ${DIALECTS.join(', ')}.`);
+    f.dialect = dialect;
   }
   const key = get('api_key_id');
   if (key !== undefined) {

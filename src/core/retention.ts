@@ -1,4 +1,4 @@
-// Effective retention (SPEC.md "Retention rules"): the horizon the sweep applies to a
+// Effective retention (docs/accounting.md "Retention"): the horizon the sweep applies to a
 // namespace's records, in minutes.
 //   1. the namespace's own value when it names one (0 included: "keep everything");
 //   2. else its tenancy's value;

@@ -1,6 +1,5 @@
 // When a provider answer is worth another attempt, and how long to wait
-// (DESIGN 3 "Retries", 4 "Retryable provider answers"; settings retry_base_ms,
-// retry_max_ms, max_attempts).
+// (docs/api.md "Outcomes and retries"; settings retry_base_ms, retry_max_ms, max_attempts).
 //
 // Retryable: a transport failure before any response (the caller's decision: no
 // status exists), and the statuses below. Anything else the provider answers is

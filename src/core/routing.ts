@@ -1,5 +1,5 @@
-// Routing-rule matching (DESIGN.md "Routing"). A rule's `model` is an exact name or a
-// pattern in which `*` stands for any run of characters, including none; every other
+// Routing-rule matching (docs/administration.md "Routing rules"). A rule's `model` is an exact
+// name or a pattern in which `*` stands for any run of characters, including none; every other
 // character is literal. Resolution order:
 //   1. an exact rule beats any pattern;
 //   2. among patterns, the longest literal part (characters that are not `*`) wins;

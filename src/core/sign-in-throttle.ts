@@ -1,7 +1,12 @@
-// Sign-in throttling, the pure part: who a sign-in attempt is counted against. An attempt
-// counts against its account (the tenancy and the normalised email, whether or not such an
-// account exists, so the answer cannot tell) and against the client address it came from.
-// Both are stored only as keyed hashes, never as the email or address itself.
+// Sign-in throttling, the pure part: who a sign-in attempt is counted against, and when it is
+// refused. An attempt counts against its account and client address together (the pair) and
+// against its address, refused or not, so a guesser who goes on while refused stays refused;
+// only an attempt that is not refused counts against its account (the tenancy and the normalised
+// email, whether or not such an account exists, so the answer cannot tell). All three are stored
+// only as keyed hashes, never as the email or address itself. The pair and the address limit a
+// guesser; the account's count is only a ceiling for addresses that already tried that account,
+// and refused attempts do not raise it, so a throttled guesser cannot keep an owner signing in
+// from elsewhere out of their own console.
 import crypto from 'node:crypto';
 import { isIPv4 } from 'node:net';
 import { parseIPv6 } from './address-policy.ts';
@@ -44,10 +49,38 @@ function keyed(secret: Buffer, parts: readonly string[]): Buffer {
   return crypto.createHmac('sha256', secret).update(JSON.stringify(['sarsen sign-in throttle', ...parts])).digest();
 }
 
-/** The two keys an attempt counts against: its account's, then its address's. */
-export function throttleKeys(secret: Buffer, a: { tenancy: string; email: string; address: string }): { account: Buffer; address: Buffer } {
+export type ThrottleKeys = { pair: Buffer; account: Buffer; address: Buffer };
+
+/** The three keys an attempt counts against: its account and address together, its account, its address. */
+export function throttleKeys(secret: Buffer, a: { tenancy: string; email: string; address: string }): ThrottleKeys {
+  const tenancy = a.tenancy.toLowerCase();
+  const email = normaliseEmail(a.email);
+  const bucket = addressBucket(a.address);
   return {
-    account: keyed(secret, ['account', a.tenancy.toLowerCase(), normaliseEmail(a.email)]),
-    address: keyed(secret, ['address', addressBucket(a.address)]),
+    pair: keyed(secret, ['pair', tenancy, email, bucket]),
+    account: keyed(secret, ['account', tenancy, email]),
+    address: keyed(secret, ['address', bucket]),
   };
+}
+
+/**
+ * Attempts counted in a key's window (this one included), and the seconds left of the window.
+ * For the account, only attempts that were not refused, plus this one.
+ */
+export type Count = Readonly<{ attempts: number; retryAfterSeconds: number }>;
+
+export type ThrottleLimits = Readonly<{ perAccountAddress: number; perAddress: number; perAccount: number }>;
+
+/**
+ * How many seconds the caller must wait (0: the attempt goes on to the password check). Past
+ * the pair's limit, or the address's, the address waits for that window. Past the account's
+ * ceiling, only an address that already tried this account in the pair's window waits (until
+ * either window ends); an address with no attempt on it, the owner's elsewhere, goes on.
+ */
+export function refusal(c: Readonly<{ pair: Count; account: Count; address: Count }>, l: ThrottleLimits): number {
+  return Math.max(
+    c.pair.attempts > l.perAccountAddress ? c.pair.retryAfterSeconds : 0,
+    c.address.attempts > l.perAddress ? c.address.retryAfterSeconds : 0,
+    c.account.attempts > l.perAccount && c.pair.attempts > 1 ? Math.min(c.account.retryAfterSeconds, c.pair.retryAfterSeconds) : 0,
+  );
 }

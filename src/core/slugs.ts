@@ -1,4 +1,4 @@
-// Tenancy and namespace names are URL path segments (DESIGN.md "Identifiers and formats").
+// Tenancy and namespace names are URL path segments (docs/api.md "Identifiers and formats").
 
 const SLUG_RE = /^[a-z0-9][a-z0-9-]{0,62}$/;
 

@@ -1,25 +1,6 @@
-// Byte-exact SSE framing (DESIGN 3 "Chunks"; SPEC Events 2).
-//
-// A provider's stream is stored as individual frames and replayed with `id:`
-// lines written in front, so the frames must concatenate back to exactly the
-// bytes the provider sent. That rules out any parser that decodes, normalises
-// line endings or drops comments: this framer only finds boundaries and never
-// changes a byte. Token usage is read from the frames by tokens.ts, which needs only each
-// frame's data.
-//
-// Rules:
-// - A line ends at `\n`, `\r\n` or bare `\r`; they may be mixed in one stream.
-// - A frame ends at a blank line and includes that blank line's ending bytes.
-// - A blank line that follows a blank line (or starts the stream) is a frame of
-//   its own, consisting only of its line ending. Every blank line ends exactly
-//   one frame, as it dispatches exactly one event in an SSE reader.
-// - A frame whose blank line ends in `\r` is held until the next byte is seen
-//   (or the stream ends): if that byte is `\n` it belongs to this frame, since
-//   `\r\n` is one line ending even when a network read splits it.
-//
-// Buffers only, never strings: a UTF-8 character may be split across reads.
-// Work is linear in the bytes pushed: each push scans only its new bytes, and the
-// bytes of an unfinished frame are concatenated once, when the frame completes.
+// Byte-exact SSE framing: stored frames are replayed with `id:` lines in front, so they must
+// concatenate back to the provider's bytes; this framer only finds boundaries and never changes a
+// byte (the rules: docs/durability.md "Stream frames"; docs/api.md "Replay").
 
 const LF = 0x0a;
 const CR = 0x0d;
@@ -31,8 +12,10 @@ export type Framer = {
   end(): Buffer[];
 };
 
+/** Buffers only, never strings: a UTF-8 character may be split across reads. */
 export function createFramer(): Framer {
-  // Copies of the current frame's bytes from earlier pushes.
+  // Copies of the current frame's bytes from earlier pushes, concatenated once when the frame
+  // completes; with each push scanning only its new bytes, work is linear in the bytes pushed.
   let held: Buffer[] = [];
   // No content byte yet on the current line (true at the start of a frame).
   let atLineStart = true;

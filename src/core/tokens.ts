@@ -1,6 +1,6 @@
-// Token normalisation (DESIGN 4 "Token normalisation"; SPEC "Usage object" 1).
+// Token normalisation (docs/accounting.md "Token counts", "Usage").
 //
-// Both dialects are reduced to prompt / completion / total. `null` means the
+// Every dialect is reduced to prompt / completion / total. `null` means the
 // provider did not say; a reported 0 stays 0. Nothing here throws on a provider's
 // bytes: a malformed answer or frame simply reports nothing.
 //
@@ -9,9 +9,12 @@
 // messages: prompt = input_tokens + cache_creation_input_tokens + cache_read_input_tokens
 //           (absent cache fields count 0; absent input_tokens makes prompt unknown),
 //           completion = output_tokens, total = prompt + completion when both known.
+// responses: usage.input_tokens, usage.output_tokens, usage.total_tokens (input_tokens already
+//           counts cached tokens; total falls back to input + output when omitted).
 import { frameEvent } from './sse-framer.ts';
+import type { Dialect } from './dialects.ts';
 
-export type Dialect = 'chat' | 'messages';
+export type { Dialect } from './dialects.ts';
 export type Tokens = { prompt: number | null; completion: number | null; total: number | null };
 
 export type StreamTokenReader = {
@@ -30,7 +33,12 @@ type MessagesUsage = {
   output_tokens: number | null;
 };
 
+type ResponsesUsage = { input_tokens: number | null; output_tokens: number | null; total_tokens: number | null };
+
 const CHAT_FIELDS = ['prompt_tokens', 'completion_tokens', 'total_tokens'] as const;
+const RESPONSES_FIELDS = ['input_tokens', 'output_tokens', 'total_tokens'] as const;
+// A streamed response's usage arrives on its terminal event, whichever way it ended.
+const RESPONSES_TERMINAL = new Set(['response.completed', 'response.incomplete', 'response.failed']);
 const MESSAGES_FIELDS = ['input_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens'] as const;
 
 export function tokensFromAnswer(dialect: Dialect, body: Buffer | string): Tokens {
@@ -41,6 +49,11 @@ export function tokensFromAnswer(dialect: Dialect, body: Buffer | string): Token
     if (usage !== null) mergeCounts(raw, usage, CHAT_FIELDS);
     return fromChat(raw);
   }
+  if (dialect === 'responses') {
+    const raw = emptyResponses();
+    if (usage !== null) mergeCounts(raw, usage, RESPONSES_FIELDS);
+    return fromResponses(raw);
+  }
   const raw = emptyMessages();
   if (usage !== null) mergeCounts(raw, usage, MESSAGES_FIELDS);
   return fromMessages(raw);
@@ -49,7 +62,8 @@ export function tokensFromAnswer(dialect: Dialect, body: Buffer | string): Token
 /**
  * Reads usage from a stream's frames. chat: any chunk's `usage` object (normally
  * only the final one, when `stream_options.include_usage` was set). messages:
- * `message_start`'s `message.usage` and `message_delta`'s `usage`. Later counts
+ * `message_start`'s `message.usage` and `message_delta`'s `usage`. responses: the
+ * `response` of `response.completed` (or `response.incomplete`, `response.failed`). Later counts
  * override earlier ones field by field; a field sent as null or left out keeps
  * what was known.
  */
@@ -63,6 +77,18 @@ export function createStreamTokenReader(dialect: Dialect): StreamTokenReader {
         if (usage !== null) mergeCounts(raw, usage, CHAT_FIELDS);
       },
       result: () => fromChat(raw),
+    };
+  }
+  if (dialect === 'responses') {
+    const raw = emptyResponses();
+    return {
+      push(frame) {
+        const event = frameObject(frame);
+        if (event === null || !RESPONSES_TERMINAL.has(event.type as string)) return;
+        const usage = asObject(asObject(event.response)?.usage);
+        if (usage !== null) mergeCounts(raw, usage, RESPONSES_FIELDS);
+      },
+      result: () => fromResponses(raw),
     };
   }
   const raw = emptyMessages();
@@ -93,6 +119,13 @@ function fromMessages(u: MessagesUsage): Tokens {
   return { prompt, completion, total };
 }
 
+function fromResponses(u: ResponsesUsage): Tokens {
+  const { input_tokens: prompt, output_tokens: completion } = u;
+  const total = u.total_tokens ?? (prompt !== null && completion !== null ? prompt + completion : null);
+  return { prompt, completion, total };
+}
+
+const emptyResponses = (): ResponsesUsage => ({ input_tokens: null, output_tokens: null, total_tokens: null });
 const emptyChat = (): ChatUsage => ({ prompt_tokens: null, completion_tokens: null, total_tokens: null });
 const emptyMessages = (): MessagesUsage => ({
   input_tokens: null,

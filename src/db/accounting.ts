@@ -4,6 +4,7 @@ import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
 import { firstIdAt } from '../core/ids.ts';
 import type { ListingFilter } from '../core/listing-filter.ts';
+import { RETIRED } from './partitions.ts';
 
 export type ListingRow = {
   id: string;
@@ -25,13 +26,18 @@ export type ListingRow = {
   started_at: Date | null;
   finished_at: Date | null;
   expired: boolean;
+  cached_from: string | null;
 };
 
-const LISTING_SELECT = `SELECT q.id, q.status, q.model, q.dialect, q.streaming, q.api_key_id, k.prefix AS api_key_prefix, q.backend_id,
+/** The listing row's columns (of `q`, the request, and `k`, its key), as the export reads them too. */
+export const LISTING_COLUMNS = `q.id, q.status, q.model, q.dialect, q.streaming, q.api_key_id, k.prefix AS api_key_prefix, q.backend_id,
             q.prompt_tokens, q.completion_tokens, q.total_tokens, q.cost_micros,
-            q.request_bytes + q.response_bytes + q.chunk_bytes AS stored_bytes,
-            q.attempts, q.recoveries, q.created_at, q.started_at, q.finished_at, q.expired
-       FROM sarsen.requests q LEFT JOIN sarsen.api_keys k ON k.id = q.api_key_id`;
+            CASE WHEN q.id < ${RETIRED} THEN 0 ELSE q.request_bytes + q.response_bytes + q.chunk_bytes END AS stored_bytes,
+            q.attempts, q.recoveries, q.created_at, q.started_at, q.finished_at, q.expired OR q.id < ${RETIRED} AS expired, q.cached_from`;
+export const LISTING_FROM = 'sarsen.requests q LEFT JOIN sarsen.api_keys k ON k.id = q.api_key_id';
+
+const LISTING_SELECT = `SELECT ${LISTING_COLUMNS}
+       FROM ${LISTING_FROM}`;
 
 // How far a request's id (the clock of the process that accepted it) and its created_at (the
 // database's clock) may disagree. The time range filters created_at exactly; the id range
@@ -40,8 +46,8 @@ const CLOCK_SLACK_MS = 5 * 60_000;
 
 /**
  * Newest first; `before` is the last id of the previous page (ids sort by creation time).
- * Filters only add terms: each indexed through migration 014 (key, model, failed) or the
- * pending/running partial indexes, the time range through the id index.
+ * Filters only add terms: each indexed through migrations 014 (key, model, failed) and 021
+ * (dialect) or the pending/running partial indexes, the time range through the id index.
  */
 export async function listRequests(pool: Pool, namespaceId: string, before: string | null, limit: number, filter: ListingFilter = {}): Promise<ListingRow[]> {
   const params: unknown[] = [namespaceId];
@@ -53,6 +59,7 @@ export async function listRequests(pool: Pool, namespaceId: string, before: stri
   if (before !== null) term((p) => `q.id < ${p}`, before);
   if (filter.status !== undefined) term((p) => `q.status = ${p}`, filter.status);
   if (filter.model !== undefined) term((p) => `q.model = ${p}`, filter.model);
+  if (filter.dialect !== undefined) term((p) => `q.dialect = ${p}`, filter.dialect);
   if (filter.api_key_id !== undefined) term((p) => `q.api_key_id = ${p}`, filter.api_key_id);
   if (filter.created_since !== undefined) {
     term((p) => `q.created_at >= ${p}`, filter.created_since);
@@ -68,7 +75,7 @@ export async function listRequests(pool: Pool, namespaceId: string, before: stri
 }
 
 /** One request's listing row, kept after the sweep like the listing's; null when unknown. */
-export async function listingRow(pool: Pool, namespaceId: string, id: string): Promise<ListingRow | null> {
+export async function findListingRow(pool: Pool, namespaceId: string, id: string): Promise<ListingRow | null> {
   const { rows } = await pool.query<ListingRow>(`${LISTING_SELECT} WHERE q.namespace_id = $1 AND q.id = $2`, [namespaceId, id]);
   return rows[0] ?? null;
 }
@@ -81,6 +88,7 @@ export type Totals = {
   request_bytes: number;
   response_bytes: number;
   chunk_bytes: number;
+  cache_hits: number;
 };
 
 /** The all-time namespace counters: a sum over at most a few shard rows. */
@@ -92,7 +100,8 @@ export async function namespaceTotals(pool: Pool, namespaceId: string): Promise<
             coalesce(sum(upstream_received_bytes), 0)::bigint AS upstream_received_bytes,
             coalesce(sum(request_bytes), 0)::bigint AS request_bytes,
             coalesce(sum(response_bytes), 0)::bigint AS response_bytes,
-            coalesce(sum(chunk_bytes), 0)::bigint AS chunk_bytes
+            coalesce(sum(chunk_bytes), 0)::bigint AS chunk_bytes,
+            coalesce(sum(cache_hits), 0)::bigint AS cache_hits
        FROM sarsen.usage_rollup WHERE namespace_id = $1`,
     [namespaceId],
   );
@@ -106,6 +115,7 @@ export type KeyUsage = {
   prompt_tokens: number | null;
   completion_tokens: number | null;
   total_tokens: number | null;
+  cache_hits: number;
 };
 
 const USAGE_BY_KEY = prepared(
@@ -115,28 +125,29 @@ const USAGE_BY_KEY = prepared(
   SELECT CASE WHEN date_trunc('hour', $2::timestamptz) = $2::timestamptz THEN $2::timestamptz
               ELSE date_trunc('hour', $2::timestamptz) + interval '1 hour' END AS hour
 ), events AS (
-  SELECT h.api_key_id, h.ledger_events, h.provider_calls, h.prompt_tokens, h.completion_tokens, h.total_tokens
+  SELECT h.api_key_id, h.ledger_events, h.provider_calls, h.prompt_tokens, h.completion_tokens, h.total_tokens, h.cache_hits
     FROM sarsen.key_usage_hourly h, edge
    WHERE h.namespace_id = $1 AND h.hour >= edge.hour
   UNION ALL
   -- The part of since's hour inside the window, from the events the hourly rows were added
-  -- from, at the same instants: each ledger entry at its creation...
-  SELECT l.api_key_id, 1, 0, NULL, NULL, NULL
+  -- from, at the same instants: each ledger entry at its creation (an answer from the cache is one)...
+  SELECT l.api_key_id, 1, 0, NULL, NULL, NULL, CASE WHEN l.kind = 'cached' THEN 1 ELSE 0 END
     FROM sarsen.ledger l, edge
    WHERE l.namespace_id = $1 AND l.created_at >= $2 AND l.created_at < edge.hour AND l.api_key_id IS NOT NULL
   UNION ALL
-  -- ...and a request's provider call and tokens at its terminal write.
+  -- ...and a request's provider call and tokens at its terminal write (one answered from the
+  -- cache had neither: its tokens are the original's).
   SELECT q.api_key_id, 0, CASE WHEN q.provider_reached THEN 1 ELSE 0 END,
          CASE WHEN q.status = 'succeeded' THEN q.prompt_tokens END,
          CASE WHEN q.status = 'succeeded' THEN q.completion_tokens END,
-         CASE WHEN q.status = 'succeeded' THEN q.total_tokens END
+         CASE WHEN q.status = 'succeeded' THEN q.total_tokens END, 0
     FROM sarsen.requests q, edge
    WHERE q.namespace_id = $1 AND q.status IN ('succeeded', 'failed') AND q.finished_at >= $2 AND q.finished_at < edge.hour
-     AND q.api_key_id IS NOT NULL AND (q.status = 'succeeded' OR q.provider_reached)
+     AND q.api_key_id IS NOT NULL AND (q.status = 'succeeded' OR q.provider_reached) AND q.cached_from IS NULL
 )
 SELECT api_key_id, sum(ledger_events)::bigint AS ledger_events, sum(provider_calls)::bigint AS provider_calls,
        sum(prompt_tokens)::bigint AS prompt_tokens, sum(completion_tokens)::bigint AS completion_tokens,
-       sum(total_tokens)::bigint AS total_tokens
+       sum(total_tokens)::bigint AS total_tokens, sum(cache_hits)::bigint AS cache_hits
   FROM events
  GROUP BY api_key_id
  ORDER BY api_key_id`,

@@ -1,8 +1,8 @@
-// SQL of an attempt's life (DESIGN.md "Leases"): the claim, the lease renewals, and the fenced
-// outcomes. Every write after the claim is conditional on the attempt number (the fencing
-// token) and on the request still running. The hot statements take a whole batch: claims of
-// the jobs a worker pool fetched together, the renewals of every attempt a process holds, and
-// the terminal writes that finished while the previous batch was committing.
+// SQL of an attempt's life (docs/durability.md "Leases and fencing"): the claim, the lease
+// renewals, and the fenced outcomes. Every write after the claim is conditional on the attempt
+// number (the fencing token) and on the request still running. The hot statements take a whole
+// batch: claims of the jobs a worker pool fetched together, the renewals of every attempt a
+// process holds, and the terminal writes that finished while the previous batch was committing.
 import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Answer, Dialect } from './requests.ts';
@@ -10,8 +10,9 @@ import type { BackendForCall } from './backends.ts';
 import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { arrayLiteral, binaryColumn, binarySlice, type Element } from './columns.ts';
+import { batchInput, withParts, type Part } from './columns.ts';
 import { appendAttempt } from './attempt-log.ts';
+import { tokenChargePart } from './rate-limits.ts';
 
 export type Attempt = Readonly<{
   id: string;
@@ -33,33 +34,42 @@ export type Attempt = Readonly<{
   jobId: string | null;
   /** A cancel was asked for before this claim: the attempt ends at once, calling no provider. */
   cancelRequested: boolean;
+  /** Its key had a token limit when it was accepted: the terminal write charges its tokens to the key's window. */
+  tokenLimited: boolean;
 }>;
 
-const LEASE_END = (param: string) => `now() + make_interval(secs => ${param}::double precision / 1000)`;
+// `ms`: a double precision SQL expression of milliseconds.
+const LEASE_END = (ms: string) => `now() + make_interval(secs => ${ms} / 1000)`;
 // Whether any attempt of a request has reached a provider, after one more attempt that did or
 // did not; NULL (a request the old rule counted at its claim) stays NULL.
 const REACHED = (row: string, attempt: string) => `CASE WHEN ${row}.provider_reached IS NULL THEN NULL ELSE ${row}.provider_reached OR ${attempt} END`;
 
-const CLAIM = prepared(
-  'sarsen_claim_batch',
-  `WITH claimed AS (
-  UPDATE sarsen.requests q
-     SET status = 'running', attempts = q.attempts + 1, lease_owner = $2, lease_expires_at = ${LEASE_END('$3')},
+const CLAIM_INPUT = batchInput<string, { owner: string; lease_ms: number }>([['id', 'text', (id) => id]], { owner: 'text', lease_ms: 'double precision' });
+const CLAIM_IDS = CLAIM_INPUT.array('id');
+
+const CLAIM_SQL = withParts(
+  [
+    {
+      name: 'claimed',
+      sql: `UPDATE sarsen.requests q
+     SET status = 'running', attempts = q.attempts + 1, lease_owner = ${CLAIM_INPUT.param('owner')}, lease_expires_at = ${LEASE_END(CLAIM_INPUT.param('lease_ms'))},
          started_at = coalesce(q.started_at, now()), next_retry_at = NULL, stream_first_seq = q.seq_high + 1,
          attempt_started_at = now()
-    FROM (SELECT DISTINCT id FROM unnest($1::text[]) AS id) AS i
-   WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.status = 'pending'
+    FROM (SELECT DISTINCT id FROM ${CLAIM_INPUT.unnest('t')}) AS i
+   WHERE q.id = i.id AND q.id = ANY(${CLAIM_IDS}) AND q.status = 'pending'
   RETURNING q.id, q.attempts, q.namespace_id, q.api_key_id, q.backend_id, q.dialect, q.streaming, q.forwarded_headers,
-            q.hops, q.stream_first_seq, q.cancel_requested
-)
-SELECT c.id, c.attempts, c.namespace_id, c.dialect, c.streaming, c.forwarded_headers, c.hops, c.stream_first_seq,
-       c.cancel_requested, b.body, k.sealed AS sealed_credential,
+            q.hops, q.stream_first_seq, q.cancel_requested, q.token_limited`,
+    },
+  ],
+  `SELECT c.id, c.attempts, c.namespace_id, c.dialect, c.streaming, c.forwarded_headers, c.hops, c.stream_first_seq,
+       c.cancel_requested, c.token_limited, b.body, k.sealed AS sealed_credential,
        bk.id AS backend_id, bk.namespace_id AS backend_namespace_id, bk.kind, bk.dialect AS backend_dialect, bk.address,
        bk.credential_source, bk.credential_sealed
-  FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id AND b.request_id = ANY($1::text[])
-  LEFT JOIN sarsen.request_credentials k ON k.request_id = c.id AND k.request_id = ANY($1::text[])
+  FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id AND b.request_id = ANY(${CLAIM_IDS})
+  LEFT JOIN sarsen.request_credentials k ON k.request_id = c.id AND k.request_id = ANY(${CLAIM_IDS})
   LEFT JOIN sarsen.backends bk ON bk.id = c.backend_id`,
 );
+const CLAIM = prepared('sarsen_claim_batch', CLAIM_SQL);
 
 /**
  * Takes pending requests for this worker (`owner`) in one statement; the attempt numbers it
@@ -67,7 +77,7 @@ SELECT c.id, c.attempts, c.namespace_id, c.dialect, c.streaming, c.forwarded_hea
  * are held by another attempt.
  */
 export async function claimAttempts(pool: Pool, ids: readonly string[], owner: string, leaseMs: number): Promise<Map<string, Attempt>> {
-  const { rows } = await pool.query(CLAIM([ids, owner, leaseMs]));
+  const { rows } = await pool.query(CLAIM(CLAIM_INPUT.values(ids, { owner, lease_ms: leaseMs })));
   return new Map(
     rows.map((r) => [
       r.id,
@@ -96,6 +106,7 @@ export async function claimAttempts(pool: Pool, ids: readonly string[], owner: s
               },
         jobId: null,
         cancelRequested: r.cancel_requested,
+        tokenLimited: r.token_limited,
       } satisfies Attempt,
     ]),
   );
@@ -103,19 +114,31 @@ export async function claimAttempts(pool: Pool, ids: readonly string[], owner: s
 
 export type Held = Readonly<{ id: string; attempt: number; jobId: string | null }>;
 
-const RENEW = prepared(
-  'sarsen_renew_leases',
-  `WITH renewed AS (
-  UPDATE sarsen.requests q SET lease_expires_at = ${LEASE_END('$4')}
-    FROM unnest($1::text[], $2::int[], $3::bigint[]) AS a(id, attempt, job_id)
-   WHERE q.id = a.id AND q.id = ANY($1::text[]) AND q.attempts = a.attempt AND q.status = 'running'
-  RETURNING q.id, a.job_id, q.cancel_requested
-), moved AS (
-  -- An attempt claimed at acceptance keeps its backstop job due at its lease's end.
-  SELECT j.id FROM ${rescheduleJobsSql(`ARRAY(SELECT job_id FROM renewed WHERE job_id IS NOT NULL)`, LEASE_END('$4'))} AS j
-)
-SELECT id, cancel_requested, (SELECT count(*) FROM moved) AS moved FROM renewed`,
+const RENEW_INPUT = batchInput<Held, { lease_ms: number }>(
+  [
+    ['id', 'text', (h) => h.id],
+    ['attempt', 'int', (h) => h.attempt],
+    ['job_id', 'bigint', (h) => h.jobId],
+  ],
+  { lease_ms: 'double precision' },
 );
+const RENEWED_UNTIL = LEASE_END(RENEW_INPUT.param('lease_ms'));
+
+const RENEW_SQL = withParts(
+  [
+    {
+      name: 'renewed',
+      sql: `UPDATE sarsen.requests q SET lease_expires_at = ${RENEWED_UNTIL}
+    FROM ${RENEW_INPUT.unnest('a')}
+   WHERE q.id = a.id AND q.id = ANY(${RENEW_INPUT.array('id')}) AND q.attempts = a.attempt AND q.status = 'running'
+  RETURNING q.id, a.job_id, q.cancel_requested`,
+    },
+    // An attempt claimed at acceptance keeps its backstop job due at its lease's end.
+    { name: 'moved', sql: `SELECT j.id FROM ${rescheduleJobsSql(`ARRAY(SELECT job_id FROM renewed WHERE job_id IS NOT NULL)`, RENEWED_UNTIL)} AS j` },
+  ],
+  `SELECT id, cancel_requested, (SELECT count(*) FROM moved) AS moved FROM renewed`,
+);
+const RENEW = prepared('sarsen_renew_leases', RENEW_SQL);
 
 /**
  * Renews the leases of every attempt this process holds; answers the ids it still holds, each
@@ -123,7 +146,7 @@ SELECT id, cancel_requested, (SELECT count(*) FROM moved) AS moved FROM renewed`
  */
 export async function renewLeases(pool: Pool, held: readonly Held[], leaseMs: number): Promise<Map<string, { cancelRequested: boolean }>> {
   const { rows } = await pool.query<{ id: string; cancel_requested: boolean }>(
-    RENEW([held.map((h) => h.id), held.map((h) => h.attempt), held.map((h) => h.jobId), leaseMs]),
+    RENEW(RENEW_INPUT.values(held, { lease_ms: leaseMs })),
   );
   return new Map(rows.map((r) => [r.id, { cancelRequested: r.cancel_requested }]));
 }
@@ -139,119 +162,190 @@ export type AttemptEnd = { status: number | null; retryAfter: string | null; err
  * A fenced terminal write: the answer (a success, or the stored error), what it is counted as,
  * for a stream what its frames hold (the bytes, and the sequence number of the last), and the
  * attempt's log entry (`cancelled`: it ended by a cancel). `ownCredential`: the request brought
- * its caller's credential, which the write destroys.
+ * its caller's credential, which the write destroys. `cacheable`: the answer may be served from
+ * the response cache (not a failure, nor a stream the provider ended with its own failure).
  */
 export type Terminal = Readonly<
   {
     id: string; attempt: number; jobId: string | null; answer: Answer; tokens: Tokens; frames: { bytes: number; lastSeq: number } | null;
-    cancelled: boolean; end: AttemptEnd; ownCredential: boolean;
+    cancelled: boolean; end: AttemptEnd; ownCredential: boolean; tokenLimited: boolean; cacheable: boolean;
   } & Traffic
 >;
 
 /**
- * Which optional parts a batch's terminal write needs. Each part costs the statement its
- * executor setup on every call even when it writes nothing (about 50 µs of PostgreSQL's CPU for
- * these, a tenth of a one-answer statement), so a batch that needs none runs without them.
- * `metering`: debit credit and monthly spend (a deployment setting). `cleanup`: the batch holds
- * a failure (its claim is released) or a request that brought its own credential (destroyed).
+ * Which optional parts a batch's terminal write needs: each part costs the statement its
+ * executor setup on every call even when it writes nothing, so a batch that needs none runs
+ * without them. `metering`: debit credit and monthly spend (a deployment setting). `cleanup`:
+ * the batch holds a failure (its claim is released) or a request that brought its own
+ * credential (destroyed). `limited`: the batch holds a request whose tokens are charged to its
+ * key's rate-limit window.
  */
-type SettleShape = { metering: boolean; cleanup: boolean };
+type SettleShape = { metering: boolean; cleanup: boolean; limited: boolean };
 
-const CLEANUP = `), forgotten AS (
-  DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) RETURNING 1
-), released AS (
-  -- A terminal failure releases the claim: the same body afterwards is a new request.
-  DELETE FROM sarsen.idempotency_claims k USING done d
-   WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) AND d.outcome = 'failed' RETURNING 1
-`;
+const SETTLE_INPUT = batchInput<Terminal, { shard: number; origin: string }>(
+  [
+    ['id', 'text', (t) => t.id],
+    ['attempt', 'int', (t) => t.attempt],
+    ['outcome', 'text', (t) => t.answer.status],
+    ['http_status', 'int', (t) => t.answer.httpStatus],
+    ['content_type', 'text', (t) => t.answer.contentType],
+    ['body', 'binary', (t) => t.answer.body],
+    ['error_status', 'int', (t) => t.answer.errorStatus],
+    ['retry_after', 'text', (t) => t.answer.retryAfter],
+    ['prompt', 'bigint', (t) => t.tokens.prompt],
+    ['completion', 'bigint', (t) => t.tokens.completion],
+    ['total', 'bigint', (t) => t.tokens.total],
+    ['sent', 'bigint', (t) => t.sentBytes],
+    ['received', 'bigint', (t) => t.receivedBytes],
+    ['job_id', 'bigint', (t) => t.jobId],
+    ['chunk_bytes', 'bigint', (t) => t.frames?.bytes ?? 0],
+    ['last_seq', 'int', (t) => t.frames?.lastSeq ?? 0],
+    ['reached', 'boolean', (t) => t.reached],
+    ['ending', 'text', (t) => (t.cancelled ? 'cancelled' : t.answer.status)],
+    ['provider_status', 'int', (t) => t.end.status],
+    ['transport_error', 'text', (t) => t.end.error],
+    ['cacheable', 'boolean', (t) => t.cacheable],
+  ],
+  { shard: 'smallint', origin: 'text' },
+);
+const SETTLED_IDS = SETTLE_INPUT.array('id');
+const SETTLE_SHARD = SETTLE_INPUT.param('shard');
 
-const METERING = `), charged AS (
-  UPDATE sarsen.credit c SET balance_micros = c.balance_micros - t.micros
-    FROM (SELECT tenancy_id, sum(micros) AS micros FROM done WHERE micros > 0 GROUP BY tenancy_id) AS t
-   WHERE c.tenancy_id = t.tenancy_id
-  RETURNING 1
-), spent AS (
-  INSERT INTO sarsen.monthly_spend (scope_id, month, spent_micros)
-  SELECT scope, date_trunc('month', now())::date, sum(p.micros)
-    FROM done p, LATERAL (VALUES (p.api_key_id), (p.namespace_id)) AS s(scope)
-   WHERE p.micros > 0 AND scope IS NOT NULL
-   GROUP BY scope
-  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
-  RETURNING 1
-`;
-
-const settleSql = (shape: SettleShape): string => `WITH input AS (
-  SELECT t.*, ${binarySlice('$6::bytea', 't.body_size', 't.ord')} AS body
-    FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $19::int[], $7::int[], $8::text[],
-                $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $17::bigint[], $18::int[],
-                $20::boolean[], $21::text[], $22::int[], $23::text[])
-      WITH ORDINALITY AS t(id, attempt, outcome, http_status, content_type, body_size, error_status, retry_after,
-                           prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq, reached,
-                           ending, provider_status, transport_error, ord)
-), cost AS (
-  -- Token cost at the model's price (micro-credits per million tokens, rounded up); no price, no charge.
-  -- A failure carries tokens only when it was cancelled mid-stream: what was produced is charged.
-  -- A key lookup per answer (a subquery in the select list is never turned into a join).
-  SELECT i.id, coalesce((
+/** What every terminal write does: the input, its cost, the fenced update, the answer, the counters and the ledger. */
+const SETTLE_PARTS: readonly Part[] = [
+  { name: 'input', sql: SETTLE_INPUT.rows },
+  {
+    name: 'cost',
+    // Token cost at the model's price (micro-credits per million tokens, rounded up); no price,
+    // no charge. A failure carries tokens only when it was cancelled mid-stream: what was
+    // produced is charged. A key lookup per answer (a subquery in the select list is never
+    // turned into a join).
+    sql: `SELECT i.id, coalesce((
       SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
             + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint
         FROM sarsen.requests q JOIN sarsen.prices p ON p.model = q.upstream_model
        WHERE q.id = i.id), 0) AS micros
-    FROM input i
-), done AS (
-  UPDATE sarsen.requests q
+    FROM input i`,
+  },
+  {
+    name: 'done',
+    sql: `UPDATE sarsen.requests q
      SET status = i.outcome, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, next_retry_at = NULL,
          prompt_tokens = i.prompt, completion_tokens = i.completion, total_tokens = i.total,
          error_status = i.error_status, retry_after = i.retry_after, response_bytes = octet_length(i.body),
          chunk_bytes = i.chunk_bytes, seq_high = greatest(q.seq_high, i.last_seq),
          cost_micros = q.cost_micros + c.micros, provider_reached = ${REACHED('q', 'i.reached')},
          attempt_log = ${appendAttempt('q', { ending: 'i.ending', status: 'i.provider_status', retryAfter: 'i.retry_after', error: 'i.transport_error' })},
-         attempt_started_at = NULL
+         attempt_started_at = NULL,
+         -- An answer the cache may not serve loses the key it would be found under.
+         cache_key = CASE WHEN i.cacheable THEN q.cache_key END
     FROM input i JOIN cost c ON c.id = i.id
-   WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
+   WHERE q.id = i.id AND q.id = ANY(${SETTLED_IDS}) AND q.attempts = i.attempt AND q.status = 'running'
   RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
             i.prompt, i.completion, i.total, i.sent, i.received, i.job_id,
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
-            coalesce(q.provider_reached, false) AS provider_call
-), answer AS (
-  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
-), rollup AS (
-  ${addToRollup(
-    ['provider_calls', 'upstream_sent_bytes', 'upstream_received_bytes', 'response_bytes'],
-    `SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
+            coalesce(q.provider_reached, false) AS provider_call, q.token_limited`,
+  },
+  { name: 'answer', sql: `INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1` },
+  {
+    name: 'rollup',
+    sql: `${addToRollup(
+      ['provider_calls', 'upstream_sent_bytes', 'upstream_received_bytes', 'response_bytes'],
+      `SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
             sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id`,
-    '$15',
-  )}
-  RETURNING 1
-), entry AS (
-  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+      SETTLE_SHARD,
+    )}
+  RETURNING 1`,
+  },
+  {
+    name: 'entry',
+    sql: `INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
-  RETURNING 1
-), per_key AS (
-  ${addToKeyHour(
-    ['ledger_events', 'provider_calls', 'prompt_tokens', 'completion_tokens', 'total_tokens'],
-    `SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
+  RETURNING 1`,
+  },
+  {
+    name: 'per_key',
+    sql: `${addToKeyHour(
+      ['ledger_events', 'provider_calls', 'prompt_tokens', 'completion_tokens', 'total_tokens'],
+      `SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
             count(*) FILTER (WHERE provider_call) AS provider_calls,
             sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
        FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id`,
-    '$15',
-  )}
-  RETURNING 1
-${shape.cleanup ? CLEANUP : ''}${shape.metering ? METERING : ''}), removed AS (
-  ${removeBackstopJobsSql(`ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)`)}
-), notified AS (
-  ${notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, '$16')}
-)
-SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done`;
+      SETTLE_SHARD,
+    )}
+  RETURNING 1`,
+  },
+];
 
-/** The terminal-write statement for a batch of this shape: one named statement per shape. */
-const settleStatements = new Map<string, ReturnType<typeof prepared>>();
-function settleStatement(shape: SettleShape): ReturnType<typeof prepared> {
-  const name = `sarsen_settle_batch${shape.metering ? '_metered' : ''}${shape.cleanup ? '_cleanup' : ''}`;
-  let statement = settleStatements.get(name);
-  if (!statement) settleStatements.set(name, (statement = prepared(name, settleSql(shape))));
-  return statement;
-}
+/** The credential destroyed, and a failure's claim released: the same body afterwards is a new request. */
+const CLEANUP_PARTS: readonly Part[] = [
+  {
+    name: 'forgotten',
+    sql: `DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id AND k.request_id = ANY(${SETTLED_IDS}) RETURNING 1`,
+  },
+  {
+    name: 'released',
+    sql: `DELETE FROM sarsen.idempotency_claims k USING done d
+   WHERE k.request_id = d.id AND k.request_id = ANY(${SETTLED_IDS}) AND d.outcome = 'failed' RETURNING 1`,
+  },
+];
+
+/** The token cost debited from the tenancy's credit and added to the month's spend of its key and namespace. */
+const METERING_PARTS: readonly Part[] = [
+  {
+    name: 'charged',
+    sql: `UPDATE sarsen.credit c SET balance_micros = c.balance_micros - t.micros
+    FROM (SELECT tenancy_id, sum(micros) AS micros FROM done WHERE micros > 0 GROUP BY tenancy_id) AS t
+   WHERE c.tenancy_id = t.tenancy_id
+  RETURNING 1`,
+  },
+  {
+    name: 'spent',
+    sql: `INSERT INTO sarsen.monthly_spend (scope_id, month, spent_micros)
+  SELECT scope, date_trunc('month', now())::date, sum(p.micros)
+    FROM done p, LATERAL (VALUES (p.api_key_id), (p.namespace_id)) AS s(scope)
+   WHERE p.micros > 0 AND scope IS NOT NULL
+   GROUP BY scope
+  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
+  RETURNING 1`,
+  },
+];
+
+/** The backstop jobs removed, and one bus event per request. */
+const NOTIFY_PARTS: readonly Part[] = [
+  { name: 'removed', sql: removeBackstopJobsSql(`ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)`) },
+  { name: 'notified', sql: notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, SETTLE_INPUT.param('origin')) },
+];
+
+const settleSql = (shape: SettleShape): string =>
+  withParts(
+    [
+      ...SETTLE_PARTS,
+      // Before the claims are released: every statement locks a key's window rows before claims.
+      ...(shape.limited ? [tokenChargePart('done')] : []),
+      ...(shape.cleanup ? CLEANUP_PARTS : []),
+      ...(shape.metering ? METERING_PARTS : []),
+      ...NOTIFY_PARTS,
+    ],
+    `SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done`,
+  );
+
+const settleName = (shape: SettleShape): string =>
+  `sarsen_settle_batch${shape.metering ? '_metered' : ''}${shape.cleanup ? '_cleanup' : ''}${shape.limited ? '_limited' : ''}`;
+
+/** The terminal write of each shape, a named statement of its own, made at load. */
+const SETTLE_SHAPES: readonly SettleShape[] = [false, true].flatMap((metering) =>
+  [false, true].flatMap((cleanup) => [false, true].map((limited) => ({ metering, cleanup, limited }))),
+);
+const SETTLE_SQL = new Map(SETTLE_SHAPES.map((shape) => [settleName(shape), settleSql(shape)]));
+const SETTLE = new Map([...SETTLE_SQL].map(([name, text]) => [name, prepared(name, text)]));
+
+/** The statements' text by name (test/sql-snapshots holds a copy of each). */
+export const ATTEMPT_SQL: Readonly<Record<string, string>> = {
+  sarsen_claim_batch: CLAIM_SQL,
+  sarsen_renew_leases: RENEW_SQL,
+  ...Object.fromEntries(SETTLE_SQL),
+};
 
 /**
  * The terminal writes of a batch of attempts in one statement (a group commit): answers,
@@ -264,19 +358,10 @@ export async function settleBatch(
   ts: readonly Terminal[],
   opts: { metering: boolean; origin: string; counterShard: number },
 ): Promise<Set<string>> {
-  const col = (f: (t: Terminal) => Element) => arrayLiteral(ts.map(f));
-  const bodies = binaryColumn(ts.map((t) => t.answer.body));
   const cleanup = ts.some((t) => t.ownCredential || t.answer.status === 'failed');
-  const { rows } = await pool.query<{ id: string }>(
-    settleStatement({ metering: opts.metering, cleanup })([
-      col((t) => t.id), col((t) => t.attempt), col((t) => t.answer.status), col((t) => t.answer.httpStatus),
-      col((t) => t.answer.contentType), bodies.data, col((t) => t.answer.errorStatus), col((t) => t.answer.retryAfter),
-      col((t) => t.tokens.prompt), col((t) => t.tokens.completion), col((t) => t.tokens.total), col((t) => t.sentBytes),
-      col((t) => t.receivedBytes), col((t) => t.jobId), opts.counterShard, opts.origin,
-      col((t) => t.frames?.bytes ?? 0), col((t) => t.frames?.lastSeq ?? 0), bodies.sizes, col((t) => t.reached),
-      col((t) => (t.cancelled ? 'cancelled' : t.answer.status)), col((t) => t.end.status), col((t) => t.end.error),
-    ]),
-  );
+  const limited = ts.some((t) => t.tokenLimited);
+  const statement = SETTLE.get(settleName({ metering: opts.metering, cleanup, limited }))!;
+  const { rows } = await pool.query<{ id: string }>(statement(SETTLE_INPUT.values(ts, { shard: opts.counterShard, origin: opts.origin })));
   return new Set(rows.map((r) => r.id));
 }
 
@@ -298,7 +383,7 @@ export async function scheduleRetry(pool: Pool, f: { id: string; attempt: number
       `UPDATE sarsen.requests q
           SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
               -- A fallback backend is tried next, at once; without one, the same backend after the backoff.
-              next_retry_at = CASE WHEN cardinality(q.fallback_backend_ids) > 0 THEN now() ELSE ${LEASE_END('$3')} END,
+              next_retry_at = CASE WHEN cardinality(q.fallback_backend_ids) > 0 THEN now() ELSE ${LEASE_END('$3::double precision')} END,
               backend_id = coalesce(q.fallback_backend_ids[1], q.backend_id), fallback_backend_ids = q.fallback_backend_ids[2:],
               provider_reached = ${REACHED('q', '$4::boolean')},
               attempt_log = ${appendAttempt('q', { ending: `'retried'`, status: '$5', retryAfter: '$6', error: '$7' })}, attempt_started_at = NULL

@@ -1,9 +1,11 @@
 // Backends: all of their SQL. The sealed credential is selected only by the functions that
 // need to open it (a call to the provider); administration reads say whether one exists.
 import type { Db } from './tenancies.ts';
+import type { BackendDialect } from '../core/dialects.ts';
 
 export type BackendKind = 'chat_compat' | 'messages' | 'aggregator';
-export type Dialect = 'chat' | 'messages';
+/** A backend's dialect (its kind's): a chat backend also serves the responses dialect (core/dialects.ts). */
+export type Dialect = BackendDialect;
 export type CredentialSource = 'stored' | 'caller';
 
 /** A backend as administration shows it: no credential bytes, only whether there are any. */

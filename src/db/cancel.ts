@@ -64,7 +64,7 @@ export async function cancelRequest(
     // (ownCredential: whatever the request brought is destroyed; nothing is, if it brought none.)
     const terminal = {
       id, attempt: r.attempts, jobId: null, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true,
-      end: { status: null, retryAfter: null, error: null }, ownCredential: true,
+      end: { status: null, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,
     };
     await settleBatch(c, [terminal], {
       ...opts,

@@ -1,12 +1,12 @@
-// Stream frames (DESIGN.md "Chunks"), stored packed (migration 007): one row per chunk-writer
-// flush and attempt, holding that flush's frames of the attempt back to back. Writers hand
-// over single frames and readers get single frames; the packing lives here.
+// Stream frames (docs/durability.md "Stream frames"), stored packed (migration 007): one row
+// per chunk-writer flush and attempt, holding that flush's frames of the attempt back to back.
+// Writers hand over single frames and readers get single frames; the packing lives here.
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
 import { addToRollup, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { arrayLiteral, binaryColumn, binarySlice, fromBase64, type Element } from './columns.ts';
+import { batchInput, bytesFrom, selectBytes, withParts, type Bytes } from './columns.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
 
@@ -31,37 +31,79 @@ function pack(frames: readonly FrameRow[]): Packed[] {
   return [...runs.values()].flat();
 }
 
-const STORE = prepared(
-  'sarsen_store_frames',
-  `WITH input AS (
-  SELECT t.request_id, t.attempt, t.last_seq, t.lengths, ${binarySlice('$4::bytea', 't.size', 't.ord')} AS frames
-    FROM unnest($1::text[], $2::int[], $3::int[], $5::int[], $6::text[]) WITH ORDINALITY AS t(request_id, attempt, last_seq, size, lengths, ord)
-), fenced AS (
-  -- The fence: frames are stored only while their attempt holds the request. The share lock
-  -- keeps a recovery (which takes the row for update) from slipping in before this commits.
-  SELECT q.id, q.namespace_id FROM sarsen.requests q
+const STORE_INPUT = batchInput<Packed, { shard: number; origin: string }>(
+  [
+    ['request_id', 'text', (p) => p.requestId],
+    ['attempt', 'int', (p) => p.attempt],
+    ['last_seq', 'int', (p) => p.lastSeq],
+    ['frames', 'binary', (p) => (p.frames.length === 1 ? p.frames[0]! : Buffer.concat(p.frames))],
+    // Each frame's length, as an int[] literal; NULL for a row of one frame.
+    ['lengths', 'text', (p) => (p.frames.length === 1 ? null : `{${p.frames.map((f) => f.length).join(',')}}`)],
+  ],
+  { shard: 'smallint', origin: 'text' },
+);
+
+const STORE_SQL = withParts(
+  [
+    { name: 'input', sql: STORE_INPUT.rows },
+    {
+      name: 'fenced',
+      // The fence: frames are stored only while their attempt holds the request (a flush may also
+      // carry a discarded attempt's last frames: they are joined by attempt too, and left out).
+      // The share lock keeps a recovery (which takes the row for update) from slipping in before
+      // this commits.
+      sql: `SELECT q.id, q.attempts AS attempt, q.namespace_id FROM sarsen.requests q
     JOIN (SELECT DISTINCT request_id, attempt FROM input) AS i ON q.id = i.request_id AND q.attempts = i.attempt
-   WHERE q.id = ANY($1::text[]) AND q.status = 'running'
-     FOR SHARE OF q
-), ins AS (
-  -- A flush repeated because its commit's answer was lost finds its rows stored: they count as
-  -- stored (xmax = 0 tells an insert from the no-op update), and their bytes are counted once.
-  INSERT INTO sarsen.chunks AS k (request_id, last_seq, attempt, frames, frame_lengths)
-  SELECT i.request_id, i.last_seq, i.attempt, i.frames, i.lengths::int[] FROM input i JOIN fenced f ON f.id = i.request_id
-  ON CONFLICT (request_id, last_seq) DO UPDATE SET attempt = k.attempt
-   WHERE k.attempt = EXCLUDED.attempt AND k.frames = EXCLUDED.frames
-  RETURNING request_id, attempt, last_seq, CASE WHEN k.xmax = 0 THEN octet_length(frames) ELSE 0 END AS bytes
-), per_request AS (
-  SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt
-), stored AS (
-  ${addToRollup(['chunk_bytes'], `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id GROUP BY f.namespace_id`, '$7')}
-  RETURNING 1
-), notified AS (
-  ${notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, '$8')}
-)
-SELECT p.request_id, p.attempt, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) FROM stored) AS side_effects
+   WHERE q.id = ANY(${STORE_INPUT.array('request_id')}) AND q.status = 'running'
+     FOR SHARE OF q`,
+    },
+    {
+      name: 'inserted',
+      sql: `INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
+  SELECT i.request_id, i.last_seq, i.attempt, i.frames, i.lengths::int[] FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
+  ON CONFLICT (request_id, last_seq) DO NOTHING
+  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes`,
+    },
+    {
+      // The rows not inserted, materialized so that the lookup below runs for these alone.
+      name: 'missed',
+      materialized: true,
+      sql: `SELECT i.request_id, i.attempt, i.last_seq, i.frames FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
+   WHERE NOT EXISTS (SELECT 1 FROM inserted n WHERE n.request_id = i.request_id AND n.last_seq = i.last_seq)`,
+    },
+    {
+      // A flush repeated because its commit's answer was lost finds its rows stored (this
+      // statement's snapshot shows them, not the ones it inserts): they count as stored, and
+      // their bytes are counted once. (A partitioned table returns no xmax to tell them apart.)
+      name: 'ins',
+      sql: `SELECT * FROM inserted
+  UNION ALL
+  SELECT request_id, attempt, last_seq, 0 FROM (
+    SELECT m.request_id, m.attempt, m.last_seq,
+           EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = m.request_id AND k.last_seq = m.last_seq
+                      AND k.attempt = m.attempt AND k.frames = m.frames) AS stored
+      FROM missed m
+  ) AS again WHERE stored`,
+    },
+    { name: 'per_request', sql: `SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt` },
+    {
+      name: 'stored',
+      sql: `${addToRollup(
+        ['chunk_bytes'],
+        `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id AND f.attempt = p.attempt GROUP BY f.namespace_id`,
+        STORE_INPUT.param('shard'),
+      )}
+  RETURNING 1`,
+    },
+    { name: 'notified', sql: notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, STORE_INPUT.param('origin')) },
+  ],
+  `SELECT p.request_id, p.attempt, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) FROM stored) AS side_effects
   FROM per_request p`,
 );
+const STORE = prepared('sarsen_store_frames', STORE_SQL);
+
+/** The statements' text by name (test/sql-snapshots holds a copy of each). */
+export const FRAME_SQL: Readonly<Record<string, string>> = { sarsen_store_frames: STORE_SQL };
 
 export type Stored = Map<string, { attempt: number; seq: number }>;
 
@@ -74,34 +116,30 @@ export type Stored = Map<string, { attempt: number; seq: number }>;
  * discards its frames.)
  */
 export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Stored> {
-  const rows = pack(frames);
-  const col = (f: (p: Packed) => Element) => arrayLiteral(rows.map(f));
-  const bytes = binaryColumn(rows.map((p) => (p.frames.length === 1 ? p.frames[0]! : Buffer.concat(p.frames))));
-  const lengths = col((p) => (p.frames.length === 1 ? null : `{${p.frames.map((f) => f.length).join(',')}}`));
   const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(
-    STORE([col((p) => p.requestId), col((p) => p.attempt), col((p) => p.lastSeq), bytes.data, bytes.sizes, lengths, WRITER_SHARD.frames, origin]),
+    STORE(STORE_INPUT.values(pack(frames), { shard: WRITER_SHARD.frames, origin })),
   );
   return new Map(stored.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
 }
 
-type StoredRow = { last_seq: number; attempt: number; frames: Buffer; frame_lengths: number[] | null };
+type StoredRow = { last_seq: number; attempt: number; frames: Bytes; frame_lengths: number[] | null };
 
-/** The frames of a stored row, each with its sequence number. */
-function unpack(row: StoredRow): ChunkRow[] {
+/** The frames of a stored row after `afterSeq`, each with its sequence number (slices of the row: no copies). */
+function unpack(row: StoredRow, afterSeq: number, out: ChunkRow[]): void {
   const lengths = row.frame_lengths ?? [row.frames.length];
-  const out: ChunkRow[] = [];
   let at = 0;
   let seq = row.last_seq - lengths.length + 1;
+  const { frames } = row;
   for (const length of lengths) {
-    out.push({ seq: seq++, attempt: row.attempt, frame: row.frames.subarray(at, at + length) });
+    if (seq > afterSeq) out.push({ seq, attempt: row.attempt, frame: typeof frames === 'string' ? frames.slice(at, at + length) : frames.subarray(at, at + length) });
+    seq++;
     at += length;
   }
-  return out;
 }
 
 const READ = prepared(
   'sarsen_read_frames',
-  `SELECT last_seq, attempt, encode(frames, 'base64') AS frames, frame_lengths FROM (
+  `SELECT last_seq, attempt, ${selectBytes('frames')} AS frames, frame_lengths FROM (
      SELECT last_seq, attempt, frames, frame_lengths,
             sum(octet_length(frames)) OVER (ORDER BY last_seq) - octet_length(frames) AS bytes_before
        FROM sarsen.chunks WHERE request_id = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3
@@ -113,7 +151,8 @@ const READ = prepared(
 /**
  * Stored frames after `afterSeq`, in order: a page of at most `rows` stored rows and about
  * `maxBytes` (at least one row), so a reader holds a page of a stream, never all of it. `more`
- * says the page was cut (there may be more).
+ * says the page was cut (there may be more). Frames come as text where they can (see Bytes),
+ * so that writing a page to a socket makes no Buffer of it.
  */
 export async function readFrames(
   pool: Pool,
@@ -122,9 +161,14 @@ export async function readFrames(
   page: { rows: number; maxBytes: number },
 ): Promise<{ frames: ChunkRow[]; more: boolean }> {
   const { rows } = await pool.query<Omit<StoredRow, 'frames'> & { frames: string }>(READ([requestId, afterSeq, page.rows, page.maxBytes]));
-  const stored: StoredRow[] = rows.map((r) => ({ ...r, frames: fromBase64(r.frames)! }));
-  const bytes = stored.reduce((n, r) => n + r.frames.length, 0);
-  return { frames: stored.flatMap(unpack).filter((f) => f.seq > afterSeq), more: stored.length === page.rows || bytes >= page.maxBytes };
+  const frames: ChunkRow[] = [];
+  let bytes = 0;
+  for (const r of rows) {
+    const row = { ...r, frames: bytesFrom(r.frames)! };
+    unpack(row, afterSeq, frames);
+    bytes += row.frames.length;
+  }
+  return { frames, more: rows.length === page.rows || bytes >= page.maxBytes };
 }
 
 /** Whether frame `seq` of the request is still stored (frames of a discarded attempt are not). */

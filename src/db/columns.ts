@@ -5,9 +5,8 @@
 
 /**
  * A column as PostgreSQL's array literal, for a `$n::text[]` (int[], bigint[], boolean[],
- * bytea[]) parameter, built in one go. pg's own encoder escapes every element with two regular
- * expressions and grows the literal a piece at a time: at c=64 that was a tenth of all a
- * request allocated (8 of 80 KB), in three batch statements per request.
+ * bytea[]) parameter, built in one go: pg's own encoder escapes every element with two regular
+ * expressions and grows the literal a piece at a time, a large share of what a request allocates.
  */
 export type Element = string | number | boolean | Buffer | null | undefined;
 
@@ -40,9 +39,98 @@ export function binarySlice(data: string, size: string, ord: string): string {
 }
 
 /**
- * Reading is the mirror case: bytea comes back as hex text, twice its size, then decoded. A
- * large value read often (stream pages, slices of a large answer) is better selected as
- * `encode(col, 'base64')` (a third larger) and decoded with `fromBase64`. (Binary results are
- * not an option: pg decodes every field of a text-mode connection as UTF-8 text.)
+ * Reading is the mirror case: bytea comes back as hex text, twice its size, then decoded into a
+ * Buffer. (Binary results are not an option: pg decodes every field of a text-mode connection
+ * as UTF-8 text.) A large value read often (stream pages, slices of a large answer) is read as
+ * `Bytes` instead: text whose characters are its bytes, one each (latin1). On a UTF-8
+ * connection that costs a byte per ASCII byte on the wire, a one-byte string in JavaScript, no
+ * Buffer, and a socket writes it back as the same bytes (`write(text, 'latin1')`). Text cannot
+ * hold NUL, so a value with a NUL byte (or a connection in another encoding) comes as base64.
  */
-export const fromBase64 = (text: string | null): Buffer | null => (text === null ? null : Buffer.from(text, 'base64'));
+export type Bytes = Buffer | string;
+
+/**
+ * SQL of the bytea `value` as one text column for `bytesFrom`: `t` and the text, or `b` and
+ * base64 (one CASE, so the value is decompressed for the test and once more for the result).
+ */
+export function selectBytes(value: string): string {
+  const asText = `position('\\x00'::bytea IN ${value}) = 0 AND (SELECT current_setting('server_encoding') = 'UTF8' AND current_setting('client_encoding') = 'UTF8')`;
+  return `CASE WHEN ${asText} THEN 't' || convert_from(${value}, 'LATIN1') ELSE 'b' || encode(${value}, 'base64') END`;
+}
+
+/** A value read through `selectBytes`; null for a null value. */
+export const bytesFrom = (tagged: string | null): Bytes | null =>
+  tagged === null ? null : tagged.startsWith('t') ? tagged.slice(1) : Buffer.from(tagged.slice(1), 'base64');
+
+/** The element type of a batch column; `binary` is bytea travelling packed (see binaryColumn). */
+type ColumnType = 'text' | 'int' | 'bigint' | 'boolean' | 'bytea' | 'binary';
+
+/** One column of a batch statement's rows: its name in SQL, its type, and its value for a row. */
+export type Column<T> =
+  | readonly [name: string, type: Exclude<ColumnType, 'binary'>, value: (row: T) => Element]
+  | readonly [name: string, type: 'binary', value: (row: T) => Buffer | null];
+
+/**
+ * A batch statement's parameters, generated from one table of columns and one of scalars, so
+ * the SQL and the values cannot disagree by position. The parameters are numbered in order:
+ * one array per column, then the packed data of each binary column, then the scalars.
+ */
+export type BatchInput<T, S> = Readonly<{
+  /** `unnest($1::text[], ...) [WITH ORDINALITY] AS alias(column, ..., [ord])`; a binary column appears as its `<name>_size`. */
+  unnest(alias: string, ordinality?: boolean): string;
+  /** A query of the rows: every column (a binary one cut from its data) and `ord`, their position from 1. */
+  rows: string;
+  /** A column's whole array (`$1::text[]`), e.g. for an `= ANY(...)` index condition. */
+  array(column: string): string;
+  /** A scalar parameter, cast to its type (`$21::smallint`). */
+  param(name: keyof S & string): string;
+  /** The parameter values, in the order of their numbers. */
+  values(rows: readonly T[], scalars: S): unknown[];
+}>;
+
+export function batchInput<T, S extends Record<string, unknown> = Record<never, never>>(
+  columns: readonly Column<T>[],
+  scalars: { readonly [K in keyof S]: string } = {} as { [K in keyof S]: string },
+): BatchInput<T, S> {
+  const binary = columns.filter(([, type]) => type === 'binary');
+  const scalarNames = Object.keys(scalars) as (keyof S & string)[];
+  const arrayOf = (column: Column<T>) => `$${columns.indexOf(column) + 1}::${column[1] === 'binary' ? 'int' : column[1]}[]`;
+  const unnest = (alias: string, ordinality = false) => {
+    const names = columns.map(([name, type]) => (type === 'binary' ? `${name}_size` : name));
+    if (ordinality) names.push('ord');
+    return `unnest(${columns.map(arrayOf).join(', ')})${ordinality ? ' WITH ORDINALITY' : ''} AS ${alias}(${names.join(', ')})`;
+  };
+  const slices = binary.map(([name], i) => `, ${binarySlice(`$${columns.length + i + 1}::bytea`, `t.${name}_size`, 't.ord')} AS ${name}`);
+  return {
+    unnest,
+    rows: `SELECT t.*${slices.join('')}\n    FROM ${unnest('t', true)}`,
+    array(name) {
+      const column = columns.find(([n]) => n === name);
+      if (!column) throw new Error(`the batch has no column ${name}`);
+      return arrayOf(column);
+    },
+    param: (name) => `$${columns.length + binary.length + scalarNames.indexOf(name) + 1}::${scalars[name]}`,
+    values(rows, given) {
+      const values: unknown[] = [];
+      const data: Buffer[] = [];
+      for (const column of columns) {
+        if (column[1] === 'binary') {
+          const packed = binaryColumn(rows.map(column[2]));
+          values.push(arrayLiteral(packed.sizes));
+          data.push(packed.data);
+        } else values.push(arrayLiteral(rows.map(column[2])));
+      }
+      values.push(...data);
+      for (const name of scalarNames) values.push(given[name]);
+      return values;
+    },
+  };
+}
+
+/** One named part of a statement: `name AS [MATERIALIZED] (sql)` in its WITH list. */
+export type Part = Readonly<{ name: string; sql: string; materialized?: boolean }>;
+
+/** `WITH a AS (...), b AS (...) <select>`: a statement from its parts, in order. */
+export function withParts(parts: readonly Part[], select: string): string {
+  return `WITH ${parts.map((p) => `${p.name} AS ${p.materialized ? 'MATERIALIZED ' : ''}(\n  ${p.sql}\n)`).join(', ')}\n${select}`;
+}

@@ -31,7 +31,8 @@ type RollupColumn =
   | 'upstream_received_bytes'
   | 'request_bytes'
   | 'response_bytes'
-  | 'chunk_bytes';
+  | 'chunk_bytes'
+  | 'cache_hits';
 
 /**
  * INSERT ... ON CONFLICT adding to the namespace totals. `select` yields `namespace_id` and one
@@ -44,7 +45,7 @@ export function addToRollup(columns: readonly RollupColumn[], select: string, sh
     SET ${columns.map((c) => `${c} = usage_rollup.${c} + EXCLUDED.${c}`).join(', ')}`;
 }
 
-type KeyColumn = 'ledger_events' | 'provider_calls' | 'prompt_tokens' | 'completion_tokens' | 'total_tokens';
+type KeyColumn = 'ledger_events' | 'provider_calls' | 'prompt_tokens' | 'completion_tokens' | 'total_tokens' | 'cache_hits';
 const NULLABLE: readonly KeyColumn[] = ['prompt_tokens', 'completion_tokens', 'total_tokens'];
 
 /**

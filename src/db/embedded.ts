@@ -34,28 +34,57 @@ async function binaries(): Promise<Binaries> {
   }
 }
 
-type Owner = { uid: number; gid: number };
+type Owner = { uid: number; gid: number; name: string };
 
-/** PostgreSQL refuses to run as root; as root we run it as the system's `postgres` user. */
-function runAs(): Owner | undefined {
+/**
+ * PostgreSQL refuses to run as root; as root it runs as the user that owns an existing cluster,
+ * else the system's `postgres` user, else `nobody` (a container's root often has no `postgres`).
+ */
+function runAs(dir: string): Owner | undefined {
   if (process.getuid?.() !== 0) return undefined;
-  try {
-    const uid = Number(execFileSync('id', ['-u', 'postgres']).toString().trim());
-    const gid = Number(execFileSync('id', ['-g', 'postgres']).toString().trim());
-    return { uid, gid };
-  } catch {
-    throw new EmbeddedError('Embedded PostgreSQL cannot run as root and no `postgres` user exists. Run as a normal user, create a `postgres` user, or set CTX_DATABASE_HOST.');
+  const cluster = existingOwner(dir);
+  if (cluster) return cluster;
+  for (const name of ['postgres', 'nobody']) {
+    try {
+      const uid = Number(execFileSync('id', ['-u', name], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim());
+      const gid = Number(execFileSync('id', ['-g', name], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim());
+      return { uid, gid, name };
+    } catch {
+      // no such user; try the next
+    }
   }
+  throw new EmbeddedError('Embedded PostgreSQL cannot run as root and neither a `postgres` nor a `nobody` user exists. Run as a normal user, create a `postgres` user, or set CTX_DATABASE_HOST.');
+}
+
+/** The spawn options that run a program as `owner` (none when Sarsen is not root). */
+const ids = (owner: Owner | undefined) => (owner ? { uid: owner.uid, gid: owner.gid } : {});
+
+/** The owner of a cluster initialised earlier in `dir`, when that is not root. */
+function existingOwner(dir: string): Owner | undefined {
+  let stat: fs.Stats;
+  try {
+    stat = fs.statSync(path.join(dir, 'PG_VERSION'));
+  } catch {
+    return undefined;
+  }
+  if (stat.uid === 0) return undefined;
+  let name = `uid ${stat.uid}`;
+  try {
+    name = execFileSync('id', ['-nu', String(stat.uid)], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim();
+  } catch {
+    // a user the system no longer names
+  }
+  return { uid: stat.uid, gid: stat.gid, name };
 }
 
 /** Whether `owner` can search `dir` (and every directory above it): asked of the kernel, as that user. */
 function canEnter(dir: string, owner: Owner): boolean {
-  return spawnSync('test', ['-x', dir], { ...owner, stdio: 'ignore' }).status === 0;
+  return spawnSync('test', ['-x', dir], { ...ids(owner), stdio: 'ignore' }).status === 0;
 }
 
 /**
  * Running as root with the checkout (or CTX_DATA_DIR) under a directory only root can enter
- * (`/root`, anything `mktemp -d` made), the `postgres` user could not reach its binaries or
+ * (`/root`, anything `mktemp -d` made), PostgreSQL's user could not reach its binaries or
  * its cluster. Grants exactly the traversal it needs: the search bit for others (o+x, not
  * read) on each directory above `target` that stops it, and says so in the log.
  */
@@ -72,11 +101,11 @@ function grantTraversal(target: string, owner: Owner): void {
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code ?? 'error';
       throw new EmbeddedError(
-        `Embedded PostgreSQL runs as the postgres user, who cannot enter ${dir}, and Sarsen could not let it (${code}): run Sarsen as a normal user, move it (or CTX_DATA_DIR) somewhere that user can reach, or set CTX_DATABASE_HOST.`,
+        `Embedded PostgreSQL runs as the ${owner.name} user, who cannot enter ${dir}, and Sarsen could not let it (${code}): run Sarsen as a normal user, move it (or CTX_DATA_DIR) somewhere that user can reach, or set CTX_DATABASE_HOST.`,
       );
     }
-    logger.info('let the postgres user through a directory it could not enter (o+x)', { dir });
-    if (!canEnter(dir, owner)) throw new EmbeddedError(`Embedded PostgreSQL runs as the postgres user, who still cannot enter ${dir}: move Sarsen (or CTX_DATA_DIR) somewhere that user can reach, or set CTX_DATABASE_HOST.`);
+    logger.info(`let the ${owner.name} user through a directory it could not enter (o+x)`, { dir });
+    if (!canEnter(dir, owner)) throw new EmbeddedError(`Embedded PostgreSQL runs as the ${owner.name} user, who still cannot enter ${dir}: move Sarsen (or CTX_DATA_DIR) somewhere that user can reach, or set CTX_DATABASE_HOST.`);
   }
 }
 
@@ -130,7 +159,7 @@ async function initialise(bin: Binaries, dir: string, password: string, owner: O
       const child = spawn(
         bin.initdb,
         ['-D', dir, '-U', 'postgres', `--pwfile=${pwfile}`, '--auth=scram-sha-256', '-E', 'UTF8', '--no-locale'],
-        { stdio: ['ignore', 'pipe', 'pipe'], ...owner },
+        { stdio: ['ignore', 'pipe', 'pipe'], ...ids(owner) },
       );
       pipeLog(child);
       let stderr = '';
@@ -167,9 +196,9 @@ async function waitReady(conn: ConnectionConfig, child: ChildProcess | null, tim
  */
 export async function startEmbedded(opts: { dir: string; password: string; fast?: boolean; port?: number }): Promise<EmbeddedServer> {
   const bin = await binaries();
-  const owner = runAs();
+  const owner = runAs(opts.dir);
   if (owner) {
-    // Its programs and its cluster's directory must both be within the postgres user's reach.
+    // Its programs and its cluster's directory must both be within its user's reach.
     grantTraversal(path.dirname(bin.initdb), owner);
     grantTraversal(path.dirname(path.resolve(opts.dir)), owner);
   }
@@ -188,7 +217,7 @@ export async function startEmbedded(opts: { dir: string; password: string; fast?
   const args = ['-D', opts.dir, '-p', String(port), '-h', '127.0.0.1', '-k', opts.dir];
   if (opts.fast) args.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
   // Its own process group: a Ctrl-C in the terminal reaches Sarsen, which drains and then stops it.
-  const child = spawn(bin.postgres, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true, ...owner });
+  const child = spawn(bin.postgres, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true, ...ids(owner) });
   pipeLog(child);
   child.once('error', (err) => logger.error('embedded postgres failed to start', { message: err.message }));
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));

@@ -1,13 +1,24 @@
-// Request events (DESIGN.md "Event bus"): what readers of a request wait for. One typed union,
+// Request events (docs/durability.md "Events"): what readers of a request wait for. One typed union,
 // one SQL encoder (every statement that changes a request NOTIFYs through `notifyEvents`) and
 // one decoder (the bus reads payloads with `decodeRequestEvents`), so the wire format lives in
 // one place. Events a process produced are delivered to its own readers in memory, with the
 // frames or the answer attached; a NOTIFY carries only ids, sequence numbers and states, and
 // names the process it came from so that process can ignore its own echo.
+//
+// A NOTIFY goes only to the processes that read the request (sql/migrations/019_bus_channels.sql):
+// the one that accepted it, named by the tag its id ends in, and those registered as readers.
 import type { Answer, ChunkRow, RequestStatus } from './requests.ts';
 import type { Pool } from './pool.ts';
+import { requestTag } from '../core/ids.ts';
 
+/** The channel every bus listens on: control messages, cancels, and an earlier release's events. */
 export const CHANNEL = 'sarsen_events';
+
+/** The channel of the process(es) whose request ids end in `tag`. */
+export const tagChannel = (tag: string): string => `${CHANNEL}_${tag.toLowerCase()}`;
+
+/** The channel a request's events reach its accepting process on. */
+export const requestChannel = (requestId: string): string => tagChannel(requestTag(requestId));
 
 export type RequestEvent =
   /** Frames up to `seq` are committed. `frames` (in memory, same process only): those frames. */
@@ -17,14 +28,18 @@ export type RequestEvent =
   /** The attempt readers were following was discarded (its worker died or handed it back). */
   | { type: 'superseded'; requestId: string }
   /** A cancel was asked for: the process holding the request's attempt aborts it. */
-  | { type: 'cancel'; requestId: string };
+  | { type: 'cancel'; requestId: string }
+  /**
+   * This process may have missed news of the request (it just registered as a reader, after
+   * reading the database concurrently with a statement that did not see it yet): read it again.
+   */
+  | { type: 'news'; requestId: string };
 
-// Wire format: `R <origin> [[request id, code, argument], ...]`. Control messages on the
-// same channel are JSON objects, so the first byte tells them apart, and a process can drop
-// its own echo by the prefix alone, without parsing it.
+// Wire format: `R <origin> [[request id, code, argument], ...]` (at most 100 events a payload,
+// assembled by sarsen.bus_notify()). Control messages on the shared channel are JSON objects,
+// so the first byte tells them apart, and a process can drop its own echo by the prefix alone,
+// without parsing it.
 const CODE = { frames: 'f', state: 's', superseded: 'x', cancel: 'c' } as const;
-// Request ids are ~30 characters: 100 events keep a payload well under NOTIFY's 8000 bytes.
-const PER_PAYLOAD = 100;
 
 /**
  * The application_name of a process's bus connection, by which sarsen.bus_reconcile() knows a
@@ -33,13 +48,28 @@ const PER_PAYLOAD = 100;
 export const busConnectionName = (origin: string): string => `sarsen-bus ${origin}`;
 
 /**
- * SQL a bus runs once it LISTENs, before it reports itself connected: it registers the bus,
- * after every statement that looked for listeners without seeing it has committed.
+ * SQL a bus runs once it LISTENs, before it reports itself connected: it registers the bus with
+ * its process's tag ($1) and whether it executes ($2), after every statement that looked for
+ * listeners without seeing it has committed.
  */
-export const JOIN_BUS = 'SELECT sarsen.bus_join()';
+export const JOIN_BUS = 'SELECT sarsen.bus_join($1::text, $2::boolean)';
+
+/** The jobs a `J <count>` payload (sarsen.wake_executors()) announces; null for any other payload. */
+export function decodeJobWake(payload: string): number | null {
+  if (!payload.startsWith('J ')) return null;
+  const n = Number(payload.slice(2));
+  return Number.isSafeInteger(n) && n > 0 ? n : null;
+}
 
 /** SQL a bus runs as it closes: statements stop notifying it. */
-export const LEAVE_BUS = 'DELETE FROM sarsen.bus_members WHERE process_id = $1';
+export const LEAVE_BUS = `WITH unread AS (DELETE FROM sarsen.bus_readers WHERE process_id = $1)
+  DELETE FROM sarsen.bus_members WHERE process_id = $1`;
+
+/**
+ * SQL registering process $1 as a reader of requests $2 (text[]) and no longer of $3: once it
+ * returns, every statement that produced events for $2 without notifying $1 has committed.
+ */
+export const FOLLOW_REQUESTS = 'SELECT sarsen.bus_follow($1::text, $2::text[], $3::text[])';
 
 /**
  * Forgets the buses whose connection is gone (a process killed, a connection cut), so that
@@ -50,18 +80,14 @@ export async function reconcileBuses(pool: Pool): Promise<void> {
 }
 
 /**
- * SQL (a SELECT, for a CTE) that NOTIFYs request events. `rows` is a query yielding
- * `request_id`, `event` ('frames', 'state', 'superseded' or 'cancel') and `arg` (the sequence number
- * or the status, as text); `origin` is the SQL of the producing process's tag. Nothing is sent
- * while no other process listens: the producer delivers to its own readers in memory.
+ * SQL (a SELECT, for a CTE) that NOTIFYs request events to the processes that read them. `rows`
+ * is a query yielding `request_id`, `event` ('frames', 'state', 'superseded' or 'cancel') and
+ * `arg` (the sequence number or the status, as text); `origin` is the SQL of the producing
+ * process's id. Nothing is sent to the producer itself: it delivers to its own readers in memory.
  */
 export function notifyEvents(rows: string, origin: string): string {
   const code = `CASE ev.event WHEN 'frames' THEN '${CODE.frames}' WHEN 'state' THEN '${CODE.state}' WHEN 'cancel' THEN '${CODE.cancel}' ELSE '${CODE.superseded}' END`;
-  return `SELECT pg_notify('${CHANNEL}', 'R ' || ${origin}::text || ' ' || json_agg(json_build_array(request_id, code, arg))::text)
-    FROM (SELECT ev.request_id, ${code} AS code, ev.arg::text AS arg, (row_number() OVER ()) / ${PER_PAYLOAD} AS grp
-            FROM (${rows}) AS ev) AS g
-   WHERE (SELECT sarsen.bus_has_peers(${origin}::text))
-   GROUP BY grp`;
+  return `SELECT sarsen.bus_notify(${origin}::text, array_agg(ev.request_id), array_agg(${code}), array_agg(ev.arg::text)) FROM (${rows}) AS ev`;
 }
 
 const STATUSES: readonly string[] = ['pending', 'running', 'succeeded', 'failed'];

@@ -1,26 +1,30 @@
-// A request's work in graphile-worker's queue (DESIGN.md section 7): task `execute_request`,
-// job key = request id, so a new job replaces a pending one and retires a dead worker's locked
-// one, and `graphile_worker.jobs where key = 'req_…'` finds a request's pending work.
+// A request's work in graphile-worker's queue: task `execute_request`, job key = request id, so
+// a new job replaces a pending one and retires a dead worker's locked one, and
+// `graphile_worker.jobs where key = 'req_…'` finds a request's pending work.
 //
-// A new request's job (due now, or, for an attempt claimed at acceptance, the backstop due when
-// its lease ends; see submissions.ts) is written to graphile-worker's job table directly, and
-// its backstop removed directly: that happens on the hot path, and add_jobs costs more than
-// the request's own rows. Its first step, taking the key from a locked job, is a scan of the
-// whole job table per call (a generic plan over its `unnest`), which grows with every job
-// waiting; a new request's key is new, so that step and add_jobs's upsert have nothing to do.
-// The columns written are those add_jobs writes, and due jobs send the NOTIFY it sends, which
-// wakes the worker pools. Recoveries and retries, rare and with keys that may be taken, go
-// through graphile-worker's public functions. The integration tests read jobs back through
-// graphile-worker's public `jobs` view.
+// A new request's job is inserted, and its backstop deleted, in graphile-worker's private table
+// directly: both are on the hot path, where add_jobs would cost more than the request's own rows.
+// The rest uses graphile-worker's public functions, but for retireJobsSql and ENSURE_TASK_SQL, which
+// none of them does. test/integration/graphile-worker-conformance.test.ts holds the direct writes
+// to graphile-worker's own, and fails when its schema moves past GRAPHILE_WORKER_MIGRATIONS.
 
 import type { Pool } from './pool.ts';
 
 export const EXECUTE_REQUEST = 'execute_request';
+/** graphile-worker's schema migrations (its `graphile_worker.migrations`) the direct writes were written against: 0.18.0's. */
+export const GRAPHILE_WORKER_MIGRATIONS = 20;
 const MAX_ATTEMPTS = 25;
 
+/**
+ * The priority of a re-dispatched attempt's job. graphile-worker hands out lower numbers first:
+ * a recovery is work somebody may be following, so it goes ahead of a backlog of new requests
+ * (priority 0), and the task runs it without yielding to acceptance.
+ */
+export const RECOVERY_PRIORITY = -1;
+
 /** SQL calling add_job for the request id that `id` (an SQL expression) names, due at `runAt` (default now). */
-export function enqueueSql(id: string, runAt?: string): string {
-  return `graphile_worker.add_job('${EXECUTE_REQUEST}', json_build_object('request_id', ${id}),${runAt ? ` run_at => ${runAt},` : ''} job_key => ${id}, max_attempts => ${MAX_ATTEMPTS})`;
+export function enqueueSql(id: string, runAt?: string, priority?: number): string {
+  return `graphile_worker.add_job('${EXECUTE_REQUEST}', json_build_object('request_id', ${id}),${runAt ? ` run_at => ${runAt},` : ''}${priority ? ` priority => ${priority},` : ''} job_key => ${id}, max_attempts => ${MAX_ATTEMPTS})`;
 }
 
 /** SQL (a FROM item) moving unlocked jobs `ids` (a bigint[] expression) to `runAt`. */
@@ -41,9 +45,12 @@ export function insertJobsSql(rows: string): string {
     RETURNING key, id`;
 }
 
-/** SQL (a query) waking the worker pools for `count` (an SQL expression) jobs due now, as add_jobs does; nothing when it is 0. */
+/**
+ * SQL (a query) waking an executor for `count` (an SQL expression) jobs due now; nothing when it
+ * is 0. One executor's job pool fetches, not every one's (sql/migrations/019_bus_channels.sql).
+ */
 export function wakeWorkersSql(count: string): string {
-  return `SELECT pg_notify('jobs:insert', json_build_object('r', random(), 'count', n)::text) FROM (SELECT ${count} AS n) AS due WHERE n > 0`;
+  return `SELECT sarsen.wake_executors(n) FROM (SELECT ${count} AS n) AS due WHERE n > 0`;
 }
 
 /** SQL (a data-modifying CTE body) removing the backstop jobs `ids` (a bigint[] expression) names, unless a worker holds them. */
@@ -66,10 +73,7 @@ export function retireJobsSql(ids: string): string {
  */
 export async function unlockJobs(pool: Pool, lockers: readonly string[]): Promise<void> {
   if (lockers.length === 0) return;
-  await pool.query(
-    'UPDATE graphile_worker._private_jobs SET locked_at = NULL, locked_by = NULL WHERE locked_by = ANY($1::text[])',
-    [lockers],
-  );
+  await pool.query('SELECT graphile_worker.force_unlock_workers($1::text[])', [lockers]);
 }
 
 /** Registers the task with graphile-worker (as its worker pools do when they start), for backstop jobs. */

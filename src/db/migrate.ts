@@ -1,6 +1,7 @@
-// Schema migrations, applied at startup before the listener binds (SPEC.md "Deployment facts").
-// Our own SQL files run through node-pg-migrate; graphile-worker installs its own schema after.
-// Both run under one session advisory lock so processes starting together apply them once.
+// Schema migrations, applied at startup before the listener binds (docs/operations.md
+// "Migrations"). Our own SQL files run through node-pg-migrate; graphile-worker installs its own
+// schema after. Both run under one session advisory lock so processes starting together apply
+// them once.
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -11,6 +12,7 @@ import { createClient } from './pool.ts';
 import { logger } from '../log.ts';
 import { workerLogger } from './worker-logger.ts';
 import { ENSURE_TASK_SQL } from './jobs.ts';
+import { ensurePartitions } from './partitions.ts';
 
 export const MIGRATIONS_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../sql/migrations');
 
@@ -43,6 +45,8 @@ export async function migrate(conn: ConnectionConfig, pool: Pool): Promise<void>
       });
       await runWorkerMigrations({ pgPool: pool, logger: workerLogger });
       await client.query(ENSURE_TASK_SQL);
+      // Before anything is written: the partitions new rows go to (docs/storage.md).
+      await ensurePartitions(pool);
     } finally {
       await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY.toString()]).catch(() => undefined);
     }

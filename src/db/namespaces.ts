@@ -8,22 +8,23 @@ export type NamespaceRow = {
   name: string;
   retention_minutes: number | null;
   spend_limit: number | null;
+  cache_ttl_minutes: number | null;
   created_at: Date;
   /** The tenancy's horizon, joined in so effective retention needs no second query. */
   tenancy_retention_minutes: number | null;
 };
 
-const SELECT = `SELECT n.id, n.tenancy_id, n.name, n.retention_minutes, n.spend_limit, n.created_at,
+const SELECT = `SELECT n.id, n.tenancy_id, n.name, n.retention_minutes, n.spend_limit, n.cache_ttl_minutes, n.created_at,
                        t.retention_minutes AS tenancy_retention_minutes
                   FROM sarsen.namespaces n JOIN sarsen.tenancies t ON t.id = n.tenancy_id`;
 
 export async function insertNamespace(
   db: Db,
-  n: { id: string; tenancy_id: string; name: string; retention_minutes: number | null; spend_limit: number | null },
+  n: { id: string; tenancy_id: string; name: string; retention_minutes: number | null; spend_limit: number | null; cache_ttl_minutes?: number | null },
 ): Promise<NamespaceRow> {
   await db.query(
-    `INSERT INTO sarsen.namespaces (id, tenancy_id, name, retention_minutes, spend_limit) VALUES ($1, $2, $3, $4, $5)`,
-    [n.id, n.tenancy_id, n.name, n.retention_minutes, n.spend_limit],
+    `INSERT INTO sarsen.namespaces (id, tenancy_id, name, retention_minutes, spend_limit, cache_ttl_minutes) VALUES ($1, $2, $3, $4, $5, $6)`,
+    [n.id, n.tenancy_id, n.name, n.retention_minutes, n.spend_limit, n.cache_ttl_minutes ?? null],
   );
   return (await findNamespaceById(db, n.id))!;
 }
@@ -47,14 +48,23 @@ export async function listNamespaces(db: Db, tenancyId: string): Promise<Namespa
 export async function updateNamespace(
   db: Db,
   id: string,
-  patch: { retention_minutes?: number | null; spend_limit?: number | null },
+  patch: { retention_minutes?: number | null; spend_limit?: number | null; cache_ttl_minutes?: number | null },
 ): Promise<NamespaceRow | null> {
   const { rowCount } = await db.query(
     `UPDATE sarsen.namespaces SET
        retention_minutes = CASE WHEN $2 THEN $3::integer ELSE retention_minutes END,
-       spend_limit = CASE WHEN $4 THEN $5::bigint ELSE spend_limit END
+       spend_limit = CASE WHEN $4 THEN $5::bigint ELSE spend_limit END,
+       cache_ttl_minutes = CASE WHEN $6 THEN $7::integer ELSE cache_ttl_minutes END
      WHERE id = $1`,
-    [id, patch.retention_minutes !== undefined, patch.retention_minutes ?? null, patch.spend_limit !== undefined, patch.spend_limit ?? null],
+    [
+      id,
+      patch.retention_minutes !== undefined,
+      patch.retention_minutes ?? null,
+      patch.spend_limit !== undefined,
+      patch.spend_limit ?? null,
+      patch.cache_ttl_minutes !== undefined,
+      patch.cache_ttl_minutes ?? null,
+    ],
   );
   return rowCount === 1 ? findNamespaceById(db, id) : null;
 }

@@ -3,13 +3,34 @@
 import pg from 'pg';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { logger, errorFields } from '../log.ts';
+import type { ConnectionBudget, Purpose } from '../core/connection-budget.ts';
+import { writableClient, singleHost } from './writable-host.ts';
+
+/** Where a connection is counted: a budgeted purpose, or `other` (startup migrations, host probes). */
+export type CountedPurpose = Purpose | 'other';
+
+/**
+ * The connections of one Sarsen process: its budget, what is open now by purpose, and the pool
+ * its writers share. Carried on its ConnectionConfig, so every part built from that config
+ * draws from the same budget.
+ */
+type ProcessConnections = {
+  id: string;
+  budget: ConnectionBudget;
+  open: Record<CountedPurpose, number>;
+  writers: { pool: Pool; refs: number } | null;
+};
+
+const PROCESS: unique symbol = Symbol('sarsen.process-connections');
 
 export type ConnectionConfig = Readonly<{
+  /** One host, or several (libpq's `host1:port1,host2:port2`): connections go to the writable one. */
   host: string;
   port: number;
   user: string;
   database: string;
   password?: string;
+  readonly [PROCESS]?: ProcessConnections;
 }>;
 
 export type Pool = pg.Pool;
@@ -19,36 +40,66 @@ export type PoolClient = pg.PoolClient;
 // safe well past any realistic byte or token total (2^53).
 pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
 
-// Named statements (see `prepared`) are planned once per connection. Left to choose,
-// PostgreSQL re-plans a batch statement on every call (its custom plan never looks worse than
-// the generic one), and planning costs more than running it.
-const GENERIC_PLANS = '-c plan_cache_mode=force_generic_plan';
-// A generic plan cannot know a batch's size (it guesses ten rows), and joins ten rows to ten
-// with a nested loop: quadratic in the batch, 80 ms for 256 terminal writes. Batch statements
-// are written so that every table is reached through an index (a key lookup, or `= ANY` of
-// the batch's keys) and only the batch's own rows are joined to each other; without nested
-// loops those joins are hashed, linear at any size.
-// A generic plan is also made once, often while the tables are small (or were analysed while
-// empty): it then reaches a table by a sequential scan, and keeps doing so when the table holds
-// a backlog of tens of thousands of rows, until something replans it (an autoanalyze, a minute
-// or more later; with autovacuum off, never). Sequential scans are off too, so every table is
-// reached through its index whatever its size when the plan was made.
-// (Disabled plan types add a huge cost to a plan, which would also set off JIT compilation:
-// seconds of compiling for a statement that runs in milliseconds.)
-const BATCH_PLANS = `${GENERIC_PLANS} -c enable_nestloop=off -c enable_seqscan=off -c jit=off`;
+// Named statements (see `prepared`) are planned once per connection, and never compiled by JIT
+// (docs/decisions.md "No JIT"); batch connections also plan without nested loops or sequential
+// scans, so a batch costs the same per row at any size (docs/decisions.md "Batch statements plan
+// without nested loops or sequential scans").
+const EVERY_CONNECTION = '-c plan_cache_mode=force_generic_plan -c jit=off';
+const BATCH_PLANS = `${EVERY_CONNECTION} -c enable_nestloop=off -c enable_seqscan=off`;
 
 // How long ending a pool waits for its sockets to close.
 const CLOSE_WAIT_MS = 5_000;
 
-export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: string; batches?: boolean } = {}): Pool {
+/**
+ * A config whose pools and clients are those of one process (`id` names them in
+ * pg_stat_activity: `sarsen-<purpose> <id>`) and stay within `budget`.
+ */
+export function processConnections(conn: ConnectionConfig, id: string, budget: ConnectionBudget): ConnectionConfig {
+  const open = { main: 0, bus: 0, queue: 0, writers: 0, other: 0 };
+  return Object.freeze({ ...withoutProcess(conn), [PROCESS]: { id, budget, open, writers: null } });
+}
+
+/** The connections a process holds now, by purpose (null: a config no process owns). */
+export function openConnections(conn: ConnectionConfig): Readonly<Record<CountedPurpose, number>> | null {
+  return conn[PROCESS]?.open ?? null;
+}
+
+function withoutProcess(conn: ConnectionConfig): ConnectionConfig {
+  const { [PROCESS]: _, ...plain } = conn;
+  return plain;
+}
+
+/** The pg settings every connection of `conn` starts from (several hosts: see writable-host.ts). */
+function pgConfig(conn: ConnectionConfig) {
+  const plain = withoutProcess(conn);
+  const Client = writableClient(plain);
+  return Client ? { ...plain, Client } : singleHost(plain);
+}
+
+/** Counts a connection of `purpose` from when it is established until it ends. */
+function counted(conn: ConnectionConfig, purpose: CountedPurpose, client: pg.Client | pg.PoolClient): void {
+  const open = conn[PROCESS]?.open;
+  if (!open) return;
+  open[purpose]++;
+  client.once('end', () => open[purpose]--);
+}
+
+/**
+ * `purpose`: a part of a process's budget (see processConnections); its bound and name then come
+ * from the budget. Otherwise `max` (default 20) and `name` (default 'sarsen').
+ */
+export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: string; batches?: boolean; purpose?: Purpose } = {}): Pool {
+  const share = conn[PROCESS];
+  const budgeted = share && opts.purpose ? { max: share.budget[opts.purpose], name: `sarsen-${opts.purpose} ${share.id}` } : null;
   const pool = new pg.Pool({
-    ...conn,
-    max: opts.max ?? 20,
+    ...pgConfig(conn),
+    max: budgeted?.max ?? opts.max ?? 20,
     idleTimeoutMillis: 30_000,
     connectionTimeoutMillis: 10_000,
-    application_name: opts.name ?? 'sarsen',
-    options: opts.batches ? BATCH_PLANS : GENERIC_PLANS,
+    application_name: budgeted?.name ?? opts.name ?? 'sarsen',
+    options: opts.batches ? BATCH_PLANS : EVERY_CONNECTION,
   });
+  const purpose = opts.purpose ?? 'other';
   // pg's pool.end() resolves once it has asked its connections to close, not once they have:
   // a database stopped right after (embedded PostgreSQL at shutdown) would end them first, and
   // their 'error' would read as an outage. This end() waits for every socket to close, and
@@ -59,6 +110,7 @@ export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: 
   });
   pool.on('connect', (client) => {
     databaseReached();
+    counted(conn, purpose, client);
     open.add(client);
     client.once('end', () => open.delete(client));
     client.on('error', (err) => {
@@ -67,16 +119,17 @@ export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: 
   });
   // pg's pool.query closes the connection after any error, even one the server reported for
   // the statement alone (a unique violation, text it refused, a constraint): the next query then
-  // pays for a new connection and its prepared statements again (30 ms on a busy machine, every
-  // time a caller's input is refused). A statement's ERROR leaves the connection as it was;
+  // pays for a new connection and its prepared statements again, every time a caller's input is
+  // refused. A statement's ERROR leaves the connection as it was;
   // only a connection fault (FATAL, lost socket) closes it.
   pool.query = (async (config: string | pg.QueryConfig, values?: unknown[]) => {
     const client = await pool.connect();
     try {
-      const result = await client.query(config, values);
+      const result = await query(client, config, values);
       client.release();
       return result;
     } catch (err) {
+      if (err instanceof Error) Error.captureStackTrace(err); // a stack that leads to the caller, as pg's promise gives it
       client.release(statementError(err) ? undefined : (err as Error));
       throw err;
     }
@@ -94,6 +147,16 @@ export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: 
 // An outage is logged once per process when it begins (warn) and once when a connection
 // succeeds again (info), not once per connection or request that meets it.
 let unreachable = false;
+
+/**
+ * `client.query` through its callback. Through its promise form, query after query, every result
+ * stayed reachable until the next full collection: results outlived the young generation and
+ * filled the old one (docs/performance.md "Memory").
+ */
+function query(client: pg.PoolClient, config: string | pg.QueryConfig, values?: unknown[]): Promise<pg.QueryResult> {
+  const run = client.query as (config: string | pg.QueryConfig, values: unknown[] | undefined, done: (err: Error | null, result: pg.QueryResult) => void) => void;
+  return new Promise((resolve, reject) => run.call(client, config, values, (err, result) => (err ? reject(err) : resolve(result))));
+}
 
 /** Logs a database fault: the first connection loss of an outage as a warning, the rest not at all. */
 export function connectionFailed(message: string, err: unknown): void {
@@ -121,19 +184,67 @@ export function prepared(name: string, text: string): (values: unknown[]) => pg.
   return (values) => ({ name, text, values });
 }
 
-export function createClient(conn: ConnectionConfig, name = 'sarsen'): pg.Client {
-  const client = new pg.Client({ ...conn, application_name: name, connectionTimeoutMillis: 10_000 });
+/** A single connection (the bus's LISTEN connection, migrations), counted under `purpose`. */
+export function createClient(conn: ConnectionConfig, name = 'sarsen', purpose: CountedPurpose = 'other'): pg.Client {
+  const config = pgConfig(conn);
+  const Client = 'Client' in config ? config.Client : pg.Client;
+  const client = new Client({ ...config, application_name: name, connectionTimeoutMillis: 10_000 });
   client.on('error', (err) => connectionFailed('database connection failed', err));
+  client.once('connect', () => counted(conn, purpose, client));
   return client;
 }
 
 /**
- * The connections of one group-committing writer (submissions, claims, terminal writes,
- * frames), one per lane of its batcher: they run that writer's batch statements only, with
- * batch plans (see above), and never wait behind request traffic for a connection.
+ * The connections of the group-committing writers (submissions, claims, terminal writes,
+ * frames): they run batch statements only, with batch plans (see above), and never wait behind
+ * request traffic for a connection. In a process (see processConnections) every writer draws
+ * from one pool of the budget's `writers` connections, ended with its last writer; `name` and
+ * `lanes` then only say what the writer would open alone.
  */
 export function createBatchPool(conn: ConnectionConfig, name: string, lanes = 1): Pool {
-  return createPool(conn, { max: lanes, name, batches: true });
+  const share = conn[PROCESS];
+  if (!share) return createPool(conn, { max: lanes, name, batches: true });
+  if (!share.writers) {
+    const pool = createPool(conn, { purpose: 'writers', batches: true });
+    const end = pool.end.bind(pool);
+    const writers = { pool, refs: 0 };
+    pool.end = (async () => {
+      if (--writers.refs > 0) return;
+      if (share.writers === writers) share.writers = null;
+      await end();
+    }) as typeof pool.end;
+    share.writers = writers;
+  }
+  share.writers.refs++;
+  return share.writers.pool;
+}
+
+/**
+ * Holds every connection asked of `pool` until the promise last given to `holdUntil` settles;
+ * with none pending, `connect` is pg's own. For a library that takes connections the moment it
+ * starts and offers no hook to wait (graphile-worker's first job fetch, src/executor/worker.ts).
+ */
+export function gateConnections(pool: Pool): { holdUntil(done: Promise<unknown>): void } {
+  type Callback = (err: Error | undefined, client: PoolClient | undefined, release: (err?: Error | boolean) => void) => void;
+  const connect = pool.connect.bind(pool) as (cb?: Callback) => Promise<PoolClient> | undefined;
+  let held: Promise<void> | null = null;
+  pool.connect = ((cb?: Callback) => {
+    const wait = held;
+    if (wait === null) return connect(cb);
+    if (cb === undefined) return wait.then(() => connect()!);
+    void wait.then(() => connect(cb));
+    return undefined;
+  }) as typeof pool.connect;
+  return {
+    holdUntil(done) {
+      const settled: Promise<void> = done
+        .then(() => undefined, () => undefined)
+        .finally(() => {
+          if (held === settled) held = null;
+        });
+      held = settled;
+    },
+  };
 }
 
 /** Runs `fn` in a transaction on one pooled client; rolls back on any throw. */
@@ -161,8 +272,9 @@ export function isConnectionLoss(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
   if (typeof code === 'string') {
     // SQLSTATE class 08 (connection exception), 57P01-03 (terminated, crash shutdown, cannot
-    // connect now), or a socket error from Node.
-    return /^(08|57P0[123]$)|^(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|EHOSTUNREACH|ENETUNREACH|EAI_AGAIN)$/.test(code);
+    // connect now), 25006 (a read-only transaction: the server is, or just became, a standby;
+    // the write did not happen and belongs on the primary), or a socket error from Node.
+    return /^(08|57P0[123]$|25006$)|^(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|EHOSTUNREACH|ENETUNREACH|EAI_AGAIN)$/.test(code);
   }
   const message = err instanceof Error ? err.message : '';
   return /Connection terminated|connection.*(closed|ended)|Client has encountered a connection error|timeout exceeded when trying to connect|not queryable/i.test(message);

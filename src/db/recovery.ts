@@ -1,19 +1,12 @@
-// The recovery sweep's SQL (DESIGN.md "Leases", "Fast death detection").
+// The recovery sweep's SQL (docs/durability.md "Leases and fencing", "Recovery").
 import type { Pool, PoolClient } from './pool.ts';
 import type { RequestStatus } from './requests.ts';
 import { withTransaction } from './pool.ts';
 import { addToRollup, shard } from './counters.ts';
-import { enqueueSql, retireJobsSql } from './jobs.ts';
+import { enqueueSql, retireJobsSql, RECOVERY_PRIORITY } from './jobs.ts';
 import { notifyEvents } from './events.ts';
 import { appendAttempt, type Ending } from './attempt-log.ts';
-
-/**
- * Every executor process holds this session-level advisory lock on its bus connection for as
- * long as it lives: a sweep that can take it knows the owner is gone.
- */
-export async function holdLivenessLock(client: PoolClient | { query: PoolClient['query'] }, owner: string): Promise<void> {
-  await client.query(`SELECT pg_advisory_lock(hashtextextended($1, 0))`, [owner]);
-}
+import { batchInput, withParts } from './columns.ts';
 
 export type Recovered = { id: string; attempt: number };
 /** An attempt to re-dispatch, and how its log entry says it ended. */
@@ -21,47 +14,64 @@ type Victim = Recovered & { ending: Extract<Ending, 'lease_lost' | 'handed_back'
 
 // Executors take their liveness locks again within about a second of the database's return
 // (their buses reconnect with at most 1 s between tries); until then a free lock proves nothing.
-const RESTART_GRACE_MS = 3000;
+export const RESTART_GRACE_MS = 3000;
+
+const VICTIMS = batchInput<Victim, { shard: number; origin: string }>(
+  [
+    ['id', 'text', (v) => v.id],
+    ['attempt', 'int', (v) => v.attempt],
+    ['ending', 'text', (v) => v.ending],
+  ],
+  { shard: 'smallint', origin: 'text' },
+);
 
 /**
- * The re-dispatch of attempts whose rows this transaction has locked ($1 ids, $2 attempts):
- * back to pending, `recoveries + 1`, the attempt's frames discarded (the storage counters
- * follow; the sequence high-water mark keeps their numbers used), a fresh job under the
- * request's job key (which also retires a dead worker's still-locked job), and a
- * `superseded` event for readers. Run as its own statement after the lock was taken, so its
- * snapshot sees every frame committed before then.
+ * The re-dispatch of attempts whose rows this transaction has locked: back to pending,
+ * `recoveries + 1`, the attempt's frames discarded (the storage counters follow; the sequence
+ * high-water mark keeps their numbers used), a fresh job under the request's job key (which
+ * also retires a dead worker's still-locked job), and a `superseded` event for readers. Run as
+ * its own statement after the lock was taken, so its snapshot sees every frame committed
+ * before then.
  */
-const REQUEUE = `WITH victims AS (
-  SELECT * FROM unnest($1::text[], $2::int[], $5::text[]) AS v(id, attempt, ending)
-), discarded AS (
-  DELETE FROM sarsen.chunks k USING victims v
+const REQUEUE_SQL = withParts(
+  [
+    { name: 'victims', sql: `SELECT * FROM ${VICTIMS.unnest('v')}` },
+    {
+      name: 'discarded',
+      sql: `DELETE FROM sarsen.chunks k USING victims v
    WHERE k.request_id = v.id AND k.attempt = v.attempt
-  RETURNING k.request_id, k.last_seq, octet_length(k.frames) AS bytes
-), freed AS (
-  SELECT request_id, sum(bytes) AS bytes, max(last_seq) AS last_seq FROM discarded GROUP BY request_id
-), requeued AS (
-  UPDATE sarsen.requests q
+  RETURNING k.request_id, k.last_seq, octet_length(k.frames) AS bytes`,
+    },
+    { name: 'freed', sql: `SELECT request_id, sum(bytes) AS bytes, max(last_seq) AS last_seq FROM discarded GROUP BY request_id` },
+    {
+      name: 'requeued',
+      sql: `UPDATE sarsen.requests q
      SET status = 'pending', recoveries = q.recoveries + 1, lease_owner = NULL, lease_expires_at = NULL,
          next_retry_at = NULL, seq_high = greatest(q.seq_high, coalesce(f.last_seq, 0)),
          attempt_log = ${appendAttempt('q', { ending: 'v.ending' })}, attempt_started_at = NULL
     FROM victims v LEFT JOIN freed f ON f.request_id = v.id
-   WHERE q.id = v.id AND q.id = ANY($1::text[]) AND q.attempts = v.attempt AND q.status = 'running'
-  RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes
-), unstored AS (
-  ${addToRollup(['chunk_bytes'], `SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0`, '$3')}
-  RETURNING 1
-), queued AS (
-  SELECT ${enqueueSql('id')} FROM requeued
-), notified AS (
-  ${notifyEvents(`SELECT id AS request_id, 'superseded' AS event, NULL AS arg FROM requeued`, '$4')}
-)
-SELECT id, attempt, (SELECT count(*) FROM unstored) + (SELECT count(*) FROM queued) + (SELECT count(*) FROM notified) AS side_effects
-  FROM requeued`;
+   WHERE q.id = v.id AND q.id = ANY(${VICTIMS.array('id')}) AND q.attempts = v.attempt AND q.status = 'running'
+  RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes`,
+    },
+    {
+      name: 'unstored',
+      sql: `${addToRollup(['chunk_bytes'], `SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0`, VICTIMS.param('shard'))}
+  RETURNING 1`,
+    },
+    { name: 'queued', sql: `SELECT ${enqueueSql('id', undefined, RECOVERY_PRIORITY)} FROM requeued` },
+    { name: 'notified', sql: notifyEvents(`SELECT id AS request_id, 'superseded' AS event, NULL AS arg FROM requeued`, VICTIMS.param('origin')) },
+  ],
+  `SELECT id, attempt, (SELECT count(*) FROM unstored) + (SELECT count(*) FROM queued) + (SELECT count(*) FROM notified) AS side_effects
+  FROM requeued`,
+);
+
+/** The statements' text by name (test/sql-snapshots holds a copy of each). */
+export const RECOVERY_SQL: Readonly<Record<string, string>> = { recovery_requeue: REQUEUE_SQL };
 
 async function requeue(c: PoolClient, victims: readonly Victim[], origin: string): Promise<Recovered[]> {
   if (victims.length === 0) return [];
   await c.query(retireJobsSql('$1::text[]'), [victims.map((v) => v.id)]);
-  const { rows } = await c.query<Recovered>(REQUEUE, [victims.map((v) => v.id), victims.map((v) => v.attempt), shard(), origin, victims.map((v) => v.ending)]);
+  const { rows } = await c.query<Recovered>(REQUEUE_SQL, VICTIMS.values(victims, { shard: shard(), origin }));
   return rows;
 }
 
@@ -70,7 +80,7 @@ async function requeue(c: PoolClient, victims: readonly Victim[], origin: string
  * Rows another sweeper holds, or a chunk writer is storing frames for, are skipped this round,
  * so any number of executors may sweep at once.
  */
-export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100): Promise<Recovered[]> {
+export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100, settling = false): Promise<Recovered[]> {
   return withTransaction(pool, async (c) => {
     const owners = await c.query<{ owner: string }>(
       `SELECT DISTINCT lease_owner AS owner FROM sarsen.requests
@@ -78,13 +88,14 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
       [self],
     );
     // A transaction-level try-lock: taken only if the owner's session lock is gone, and
-    // released with this transaction. Right after the server (re)started every lock is gone,
-    // the live owners' too, until their buses reconnect: then only expired leases count.
+    // released with this transaction. Right after the server (re)started or failed over
+    // (`settling`) every lock is gone, the live owners' too, until their buses reconnect: then
+    // only expired leases count.
     const dead = await c.query<{ owner: string }>(
       `SELECT owner FROM unnest($1::text[]) AS owner
-        WHERE pg_postmaster_start_time() < now() - make_interval(secs => $2::double precision / 1000)
+        WHERE NOT $3::boolean AND pg_postmaster_start_time() < now() - make_interval(secs => $2::double precision / 1000)
           AND pg_try_advisory_xact_lock(hashtextextended(owner, 0))`,
-      [owners.rows.map((r) => r.owner), RESTART_GRACE_MS],
+      [owners.rows.map((r) => r.owner), RESTART_GRACE_MS, settling],
     );
     // A dead owner's attempt ended with its worker; a live owner's whose lease ran out lost it.
     const victims = await c.query<Victim>(
@@ -98,6 +109,21 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100)
     );
     return requeue(c, victims.rows, self);
   });
+}
+
+/**
+ * Re-dispatches the running attempts of `owners`, executors found dead (the caller's transaction
+ * holds their liveness locks). Rows locked elsewhere this instant are skipped: the caller keeps
+ * such an owner listed and tries again.
+ */
+export async function requeueOwnedBy(c: PoolClient, owners: readonly string[], origin: string): Promise<Recovered[]> {
+  const victims = await c.query<Victim>(
+    `SELECT id, attempts AS attempt, 'worker_died' AS ending FROM sarsen.requests
+      WHERE lease_expires_at IS NOT NULL AND status = 'running' AND lease_owner = ANY($1::text[])
+      FOR UPDATE SKIP LOCKED`,
+    [owners],
+  );
+  return requeue(c, victims.rows, origin);
 }
 
 /**

@@ -3,13 +3,15 @@
 // attempts.ts (claims, leases, outcomes), recovery.ts (re-dispatch).
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
-import { fromBase64 } from './columns.ts';
+import { bytesFrom, selectBytes, type Bytes } from './columns.ts';
+import type { Dialect } from '../core/dialects.ts';
+import { RETIRED } from './partitions.ts';
 
+export type { Dialect };
 export type RequestStatus = 'pending' | 'running' | 'succeeded' | 'failed';
-export type Dialect = 'chat' | 'messages';
 
-/** A stored stream frame: byte-exact, numbered per request across attempts. */
-export type ChunkRow = { seq: number; attempt: number; frame: Buffer };
+/** A stored stream frame: byte-exact, numbered per request across attempts (read back from the table, as text: see Bytes). */
+export type ChunkRow = { seq: number; attempt: number; frame: Bytes };
 
 /** A terminal answer as the routes send it: the stored body and what its status line needs. */
 export type Answer = Readonly<{
@@ -23,8 +25,8 @@ export type Answer = Readonly<{
   retryAfter: string | null;
 }>;
 
-/** A large stored body, read a slice at a time (so a reader holds a slice, not the body). */
-export type BodyPages = Readonly<{ length: number; read(from: number, length: number): Promise<Buffer> }>;
+/** A large stored body, read a slice at a time (so a reader holds a slice, not the body; as text: see Bytes). */
+export type BodyPages = Readonly<{ length: number; read(from: number, length: number): Promise<Bytes> }>;
 
 /** An answer as read back for a waiter: a body of at most INLINE_BODY_BYTES at hand, a larger one in pages. */
 export type StoredAnswer = Omit<Answer, 'body'> & { body: Buffer | BodyPages };
@@ -47,6 +49,8 @@ export type RecordRow = {
   error_status: number | null;
   retry_after: string | null;
   expired: boolean;
+  /** The request whose stored answer the response cache copied into this one. */
+  cached_from: string | null;
   response_status: number | null;
   response_content_type: string | null;
   response_body: Buffer | null;
@@ -57,7 +61,7 @@ export const isTerminal = (s: RequestStatus | null | undefined): s is 'succeeded
 const READ_RECORD = prepared(
   'sarsen_read_record',
   `SELECT q.id, q.namespace_id, q.status, q.dialect, q.streaming, q.backend_id, q.attempts, q.recoveries, q.next_retry_at,
-          q.attempt_log, q.error_status, q.retry_after, q.expired,
+          q.attempt_log, q.error_status, q.retry_after, q.expired OR q.id < ${RETIRED} AS expired, q.cached_from,
           r.status AS response_status, r.content_type AS response_content_type, r.body AS response_body
      FROM sarsen.requests q LEFT JOIN sarsen.responses r ON r.request_id = q.id
     WHERE q.id = $1 AND q.namespace_id = $2`,
@@ -79,7 +83,7 @@ const READ_ANSWER = prepared(
 
 const READ_BODY_SLICE = prepared(
   'sarsen_read_body_slice',
-  `SELECT encode(substring(body FROM $2 FOR $3), 'base64') AS slice FROM sarsen.responses WHERE request_id = $1`,
+  `SELECT ${selectBytes('substring(body FROM $2 FOR $3)')} AS slice FROM sarsen.responses WHERE request_id = $1`,
 );
 
 /**
@@ -99,7 +103,7 @@ export async function readAnswer(pool: Pool, namespaceId: string, id: string): P
     length: r.length ?? 0,
     async read(from, length) {
       const { rows: slice } = await pool.query<{ slice: string | null }>(READ_BODY_SLICE([id, from + 1, length]));
-      return fromBase64(slice[0]?.slice ?? null) ?? Buffer.alloc(0);
+      return bytesFrom(slice[0]?.slice ?? null) ?? Buffer.alloc(0);
     },
   };
   return {

@@ -1,11 +1,13 @@
-// The retention sweep's SQL (SPEC.md "Retention rules", "Swept record"). Each statement is one
-// bounded batch, index-driven, skipping rows other sweepers hold, so no long lock is taken.
+// The retention sweep's SQL (docs/accounting.md "Retention", "Swept records"). Each statement is
+// one bounded batch, index-driven, skipping rows other sweepers hold, so no long lock is taken.
 import type { Pool } from './pool.ts';
 import { addToRollup, shard } from './counters.ts';
 
+type Db = Pick<Pool, 'query'>;
+
 export type NamespaceHorizon = { namespace_id: string; namespace_minutes: number | null; tenancy_minutes: number | null };
 
-export async function namespaceHorizons(pool: Pool): Promise<NamespaceHorizon[]> {
+export async function namespaceHorizons(pool: Db): Promise<NamespaceHorizon[]> {
   const { rows } = await pool.query<NamespaceHorizon>(
     `SELECT n.id AS namespace_id, n.retention_minutes AS namespace_minutes, t.retention_minutes AS tenancy_minutes
        FROM sarsen.namespaces n JOIN sarsen.tenancies t ON t.id = n.tenancy_id`,
@@ -18,6 +20,10 @@ WITH victims AS (
   SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
    WHERE ${scope} AND NOT expired AND status IN ('succeeded', 'failed')
      AND finished_at < now() - make_interval(mins => $2::int)
+     -- Only ids from $6 (below it, payloads went with their partitions) up to $7 (null: no
+     -- bound). Ids sort by creation, which a finish cannot precede: the index range starts at
+     -- $5, past the rows whose payloads were dropped.
+     AND finished_at >= $5::timestamptz AND id >= $6 AND ($7::text IS NULL OR id < $7)
    ORDER BY finished_at
    LIMIT $3
    FOR UPDATE SKIP LOCKED
@@ -51,20 +57,30 @@ const SWEEP_NAMESPACE = SWEEP('namespace_id = $1');
 // Records whose namespace was deleted keep only the deployment's metadata horizon.
 const SWEEP_ORPHANS = SWEEP('$1::text IS NULL AND NOT EXISTS (SELECT 1 FROM sarsen.namespaces n WHERE n.id = namespace_id)');
 
+/** The request ids a row sweep may touch: from `from` (the retired mark), below `below` (null: no bound). */
+export type IdRange = { from: string; fromMs: number | null; below: string | null };
+
+// How far a request's id (its process's clock) may run ahead of the database's clock.
+const CLOCK_SLACK_MS = 5 * 60_000;
+
 /**
  * Removes the body, answer and frames of up to `limit` finished records older than `minutes`
- * (the namespace's effective retention), keeps their metadata, marks them expired and takes
- * their bytes off the storage counters, all in one statement. Answers how many were swept.
+ * (the namespace's effective retention) in `ids`, keeps their metadata, marks them expired and
+ * takes their bytes off the storage counters, all in one statement. Answers how many were swept.
  */
-export async function sweepRecords(pool: Pool, namespaceId: string | null, minutes: number, limit: number): Promise<number> {
-  const { rows } = await pool.query<{ swept: number }>(namespaceId === null ? SWEEP_ORPHANS : SWEEP_NAMESPACE, [
-    namespaceId, minutes, limit, shard(),
+export async function sweepRecords(db: Db, namespaceId: string | null, minutes: number, limit: number, ids: IdRange): Promise<number> {
+  const finishedFrom = ids.fromMs === null ? '-infinity' : new Date(ids.fromMs - CLOCK_SLACK_MS).toISOString();
+  const { rows } = await db.query<{ swept: number }>(namespaceId === null ? SWEEP_ORPHANS : SWEEP_NAMESPACE, [
+    namespaceId, minutes, limit, shard(), finishedFrom, ids.from, ids.below,
   ]);
   return rows[0]!.swept;
 }
 
-/** Lapsed idempotency claims go whatever retention says (SPEC.md Retention rule 6). */
-export async function sweepLapsedClaims(pool: Pool, limit: number): Promise<number> {
+/**
+ * Lapsed idempotency claims go whatever retention says (docs/accounting.md "Lapsed claims and
+ * longer horizons").
+ */
+export async function sweepLapsedClaims(pool: Db, limit: number): Promise<number> {
   const { rowCount } = await pool.query(
     `DELETE FROM sarsen.idempotency_claims WHERE ctid IN (
        SELECT ctid FROM sarsen.idempotency_claims WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED)`,
@@ -74,7 +90,7 @@ export async function sweepLapsedClaims(pool: Pool, limit: number): Promise<numb
 }
 
 /** Listing metadata past its own horizon: the request row goes entirely. */
-export async function sweepListingRows(pool: Pool, days: number, limit: number): Promise<number> {
+export async function sweepListingRows(pool: Db, days: number, limit: number): Promise<number> {
   const { rowCount } = await pool.query(
     `DELETE FROM sarsen.requests WHERE id IN (
        SELECT id FROM sarsen.requests
@@ -85,12 +101,17 @@ export async function sweepListingRows(pool: Pool, days: number, limit: number):
   return rowCount ?? 0;
 }
 
-/** Ledger rows (and the hourly usage built from them) past the ledger horizon. */
-export async function sweepLedger(pool: Pool, days: number, limit: number): Promise<number> {
-  const ledger = await pool.query(
-    `DELETE FROM sarsen.ledger WHERE id IN (
-       SELECT id FROM sarsen.ledger WHERE created_at < now() - make_interval(days => $1::int) ORDER BY created_at LIMIT $2)`,
-    [days, limit],
+/**
+ * Ledger rows (and the hourly usage built from them) past the ledger horizon. Rows are deleted
+ * only below `before` (the end of the partition the migration attached; null: none is left):
+ * the monthly partitions go whole (src/db/partitions.ts).
+ */
+export async function sweepLedger(pool: Db, days: number, limit: number, before: Date | null): Promise<number> {
+  const ledger = before === null ? { rowCount: 0 } : await pool.query(
+    `DELETE FROM sarsen.ledger WHERE (id, created_at) IN (
+       SELECT id, created_at FROM sarsen.ledger WHERE created_at < now() - make_interval(days => $1::int) AND created_at < $3
+        ORDER BY created_at LIMIT $2)`,
+    [days, limit, before],
   );
   const hourly = await pool.query(
     `DELETE FROM sarsen.key_usage_hourly WHERE ctid IN (

@@ -1,17 +1,22 @@
-// Submission SQL (SPEC.md "Submission"; DESIGN.md section 3): one statement accepts a whole
-// batch of submissions (a group commit). For each it claims the body's identity or attaches to
-// the live claim, and writes the request, its body, the ledger entry, the counters and the
-// graphile-worker job. Identical bodies inside one batch end as one execution. A submission the
-// accepting process will run itself is written already claimed (running, attempt 1, its lease),
-// so no job pickup sits between acceptance and the provider call; its job is due when the lease
-// ends, as the backstop should that process die. With metering on, each submission is its own
-// transaction: credit and spend caps are checked and debited under row locks.
+// Submission SQL (docs/api.md "What happens to a submission"; docs/durability.md "Group
+// commits"): one statement accepts a whole batch of submissions (a group commit). For each it
+// claims the body's identity or attaches to the live claim, and writes the request, its body, the
+// ledger entry, the counters and the graphile-worker job. Identical bodies inside one batch end
+// as one execution. A submission the accepting process will run itself is written already claimed
+// (running, attempt 1, its lease), so no job pickup sits between acceptance and the provider
+// call; its job is due when the lease ends, as the backstop should that process die. With
+// metering on, each submission is its own transaction: credit and spend caps are checked and
+// debited under row locks. A batch holding a key with limits, or a submission the response cache
+// applies to, runs a shape of the statement with those parts (rate-limits.ts, response-cache.ts);
+// a batch with neither runs the statement without them.
 import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
 import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard } from './counters.ts';
-import { arrayLiteral, type Element } from './columns.ts';
+import { batchInput, withParts, type Column, type Part } from './columns.ts';
+import { limitParts, type KeyLimits, type Refused } from './rate-limits.ts';
+import { cacheLookupParts, TAKEOVER } from './response-cache.ts';
 
 export type NewRequest = Readonly<{
   id: string;
@@ -33,6 +38,15 @@ export type NewRequest = Readonly<{
   sealedCredential: Buffer | null;
   /** This process's lease owner, when it will run the request itself should it be new. */
   owner: string | null;
+  /** The key's rate limits, null when it has none. */
+  limits: KeyLimits | null;
+  /** Counted against the key's window by an earlier statement (one that could not place it). */
+  precounted: boolean;
+  /**
+   * The response cache, null when the namespace has none: the key answers of this body are
+   * stored under, how old an answer it takes, and whether its own answer may be served later.
+   */
+  cache: Readonly<{ key: Buffer; lifeMs: number; store: boolean }> | null;
 }>;
 
 export type SubmitSettings = Readonly<{ windowMs: number; feeMicros: number; leaseMs: number }>;
@@ -44,122 +58,252 @@ export type Submitted = Readonly<{
   status: RequestStatus;
   /** The job of an execution this submission started (its key is the request id). */
   jobId: string | null;
+  /** The request this submission's answer was copied from, when the response cache answered it (a request of its own, succeeded). */
+  cachedFrom: string | null;
 }>;
 
-const LEASE_END = `now() + make_interval(secs => $18::double precision / 1000)`;
+export type { Refused } from './rate-limits.ts';
+
+/** Which optional parts a batch's statement needs: `limits`, some key has a rate limit; `cache`, the response cache applies to some submission. */
+type SubmitShape = Readonly<{ limits: boolean; cache: boolean }>;
+
+type Scalars = { window_ms: number; fee_micros: number; lease_ms: number; shard: number };
+
+const BASE_COLUMNS: readonly Column<NewRequest>[] = [
+    ['id', 'text', (r) => r.id],
+    ['tenancy_id', 'text', (r) => r.tenancyId],
+    ['namespace_id', 'text', (r) => r.namespaceId],
+    ['api_key_id', 'text', (r) => r.apiKeyId],
+    ['backend_id', 'text', (r) => r.backendId],
+    ['dialect', 'text', (r) => r.dialect],
+    ['streaming', 'boolean', (r) => r.streaming],
+    ['model', 'text', (r) => r.model],
+    ['upstream_model', 'text', (r) => r.upstreamModel],
+    ['headers', 'text', (r) => JSON.stringify(r.forwardedHeaders)],
+    ['hops', 'int', (r) => r.hops],
+    ['body', 'text', (r) => r.body],
+    ['identity', 'bytea', (r) => r.identity],
+    ['sealed', 'bytea', (r) => r.sealedCredential],
+    ['owner', 'text', (r) => r.owner],
+    // Comma-joined (ids never hold a comma): unnest cannot take an array of arrays of different lengths.
+    ['fallbacks', 'text', (r) => r.fallbackBackendIds.join(',')],
+];
+const LIMIT_COLUMNS: readonly Column<NewRequest>[] = [
+  ['request_limit', 'int', (r) => r.limits?.requestsPerMinute ?? null],
+  ['token_limit', 'bigint', (r) => r.limits?.tokensPerMinute ?? null],
+  ['precounted', 'boolean', (r) => r.precounted],
+];
+const CACHE_COLUMNS: readonly Column<NewRequest>[] = [
+  ['cache_key', 'bytea', (r) => r.cache?.key ?? null],
+  ['cache_ms', 'bigint', (r) => r.cache?.lifeMs ?? null],
+  ['cache_store', 'boolean', (r) => r.cache?.store ?? null],
+];
+
+// One array per column, cut into rows by `unnest`; the settings after them.
+const inputOf = (shape: SubmitShape) =>
+  batchInput<NewRequest, Scalars>(
+    [...BASE_COLUMNS, ...(shape.limits ? LIMIT_COLUMNS : []), ...(shape.cache ? CACHE_COLUMNS : [])],
+    { window_ms: 'double precision', fee_micros: 'bigint', lease_ms: 'double precision', shard: 'smallint' },
+  );
+
 const LANDED = `request_id IS NOT NULL AND NOT repeated`;
 const NEW = `request_id = id`;
 
-const SUBMIT = prepared(
-  'sarsen_submit_batch',
-  `WITH input AS (
-  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[],
-                       $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $20::text[])
-    WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model,
-                         upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, ord)
-), claim AS (
-  INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
-  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $16::double precision / 1000)
+function submitSql(shape: SubmitShape): string {
+  const INPUT = inputOf(shape);
+  const LEASE_END = `now() + make_interval(secs => ${INPUT.param('lease_ms')} / 1000)`;
+  const FEE = INPUT.param('fee_micros');
+  const SHARD = INPUT.param('shard');
+  // The rows as given, then through the limit check, then the response cache: what remains claims an identity (`input`).
+  const first = shape.limits ? 'given' : shape.cache ? 'offered' : 'input';
+  const front: Part[] = [{ name: first, sql: INPUT.rows }];
+  if (shape.limits) front.push(...limitParts('given', shape.cache ? 'offered' : 'input'));
+  if (shape.cache) front.push(...cacheLookupParts('offered', 'input'));
+  // A request row's optional columns: whether its tokens are charged to its key's window, and its cache key.
+  const extraColumns = `${shape.limits ? ', token_limited' : ''}${shape.cache ? ', cache_key' : ''}`;
+  const extraValues = `${shape.limits ? ', token_limit IS NOT NULL' : ''}${shape.cache ? ', CASE WHEN cache_store THEN cache_key END' : ''}`;
+
+  const parts: Part[] = [
+    ...front,
+    {
+      name: 'claim',
+      sql: `INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
+  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => ${INPUT.param('window_ms')} / 1000)
     FROM input ORDER BY namespace_id, identity, ord
   ON CONFLICT (namespace_id, identity) DO UPDATE SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
-   WHERE k.expires_at <= now()
-  RETURNING k.namespace_id, k.identity, k.request_id
-), placed AS (
-  -- Where each submission lands: an execution this batch claimed (its own, or an identical
-  -- body's earlier in the batch) or the live one an earlier statement claimed. NULL: a claim
-  -- committed after this statement's snapshot; nothing is written and it is submitted again.
-  -- \`repeated\`: this very submission, tried again after its first try's answer was lost.
-  SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
+   WHERE k.expires_at <= now()${shape.cache ? ` OR ${TAKEOVER('input')}` : ''}
+  RETURNING k.namespace_id, k.identity, k.request_id`,
+    },
+    {
+      name: 'placed',
+      // Where each submission lands: an execution this batch claimed (its own, or an identical
+      // body's earlier in the batch) or the live one an earlier statement claimed. NULL: a claim
+      // committed after this statement's snapshot; nothing is written and it is submitted again.
+      // `repeated`: this very submission, tried again after its first try's answer was lost.
+      sql: `SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
     FROM input i
     LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
     -- A key lookup per submission (a subquery in the select list is never turned into a join).
     CROSS JOIN LATERAL (
-      SELECT CASE WHEN c.request_id IS NULL THEN (
+      SELECT CASE WHEN c.request_id IS NULL${shape.cache ? ' AND i.takeover_of IS NULL' : ''} THEN (
         SELECT k.request_id FROM sarsen.idempotency_claims k
          WHERE k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()) END AS request_id
-    ) AS l
-), created AS (
-  SELECT * FROM placed WHERE ${NEW} AND NOT repeated
-), request AS (
-  INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids)
+    ) AS l`,
+    },
+    { name: 'created', sql: `SELECT * FROM placed WHERE ${NEW} AND NOT repeated` },
+    {
+      name: 'request',
+      sql: `INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids${extraColumns})
   SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-         headers::jsonb, hops, octet_length(body), $17,
+         headers::jsonb, hops, octet_length(body), ${FEE},
          CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
          owner, CASE WHEN owner IS NOT NULL THEN ${LEASE_END} END, CASE WHEN owner IS NOT NULL THEN now() END,
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
-         -- Comma-joined (ids never hold a comma): unnest cannot take an array of arrays of different lengths.
-         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}')
+         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}')${extraValues}
     FROM created
-  RETURNING 1
-), body AS (
-  INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
-), credential AS (
-  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
-), job AS (
-  -- Work another executor is to run is due now; work this process claimed is due when its
-  -- lease ends, the backstop should this process die holding it.
-  ${insertJobsSql(`SELECT id, CASE WHEN owner IS NULL THEN now() ELSE ${LEASE_END} END AS run_at FROM created`)}
-), woken AS (
-  ${wakeWorkersSql(`(SELECT count(*) FROM created WHERE owner IS NULL)`)}
-), entry AS (
-  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+  RETURNING 1`,
+    },
+    { name: 'body', sql: `INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1` },
+    { name: 'credential', sql: `INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1` },
+    {
+      name: 'job',
+      // Work another executor is to run is due now; work this process claimed is due when its
+      // lease ends, the backstop should this process die holding it.
+      sql: insertJobsSql(`SELECT id, CASE WHEN owner IS NULL THEN now() ELSE ${LEASE_END} END AS run_at FROM created`),
+    },
+    { name: 'woken', sql: wakeWorkersSql(`(SELECT count(*) FROM created WHERE owner IS NULL)`) },
+    {
+      name: 'entry',
+      sql: `INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
-         CASE WHEN ${NEW} THEN 'execution' ELSE 'attach' END, CASE WHEN ${NEW} THEN $17::bigint ELSE 0 END
+         CASE WHEN ${NEW} THEN 'execution' ELSE 'attach' END, CASE WHEN ${NEW} THEN ${FEE} ELSE 0 END
     FROM placed WHERE ${LANDED} ORDER BY ord
-  RETURNING 1
-), counted AS (
-  ${addToRollup(
+  RETURNING 1`,
+    },
+    ...(shape.cache ? [countedWithHitsPart(SHARD), hourlyWithHitsPart(SHARD)] : [countedPart(SHARD), hourlyPart(SHARD)]),
+  ];
+  return withParts(parts, finalSelect(shape));
+}
+
+const countedPart = (shard: string): Part => ({
+  name: 'counted',
+  sql: `${addToRollup(
     ['accepted_submissions', 'request_bytes'],
     `SELECT namespace_id, count(*) AS accepted_submissions,
             coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes
        FROM placed WHERE ${LANDED} GROUP BY namespace_id`,
-    '$19',
+    shard,
   )}
-  RETURNING 1
-), hourly AS (
-  ${addToKeyHour(
+  RETURNING 1`,
+});
+
+const hourlyPart = (shard: string): Part => ({
+  name: 'hourly',
+  sql: `${addToKeyHour(
     ['ledger_events'],
     `SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
-    '$19',
+    shard,
   )}
-  RETURNING 1
-)
-SELECT p.request_id, p.request_id = p.id AS created, j.id::text AS job_id,
-       -- A request this batch created is reported pending (SPEC.md: accepted is pending), even when
-       -- this process claimed it in the same statement and it is running already.
+  RETURNING 1`,
+});
+
+// With the cache, one upsert per counter row counts both kinds of submission (a row may be
+// written once per statement): those that landed on an execution, and those answered from the cache.
+const countedWithHitsPart = (shard: string): Part => ({
+  name: 'counted',
+  sql: `${addToRollup(
+    ['accepted_submissions', 'request_bytes', 'response_bytes', 'chunk_bytes', 'cache_hits'],
+    `SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
+            sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits
+       FROM (SELECT namespace_id, CASE WHEN ${NEW} THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
+               FROM placed WHERE ${LANDED}
+             UNION ALL
+             SELECT namespace_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
+      GROUP BY namespace_id`,
+    shard,
+  )}
+  RETURNING 1`,
+});
+
+const hourlyWithHitsPart = (shard: string): Part => ({
+  name: 'hourly',
+  sql: `${addToKeyHour(
+    ['ledger_events', 'cache_hits'],
+    `SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
+       FROM (SELECT namespace_id, api_key_id, 0 AS cache_hits FROM placed WHERE ${LANDED}
+             UNION ALL
+             SELECT namespace_id, api_key_id, 1 FROM served) AS landed
+      GROUP BY namespace_id, api_key_id`,
+    shard,
+  )}
+  RETURNING 1`,
+});
+
+/** One answer row per submission, in order. */
+function finalSelect(shape: SubmitShape): string {
+  if (!shape.limits && !shape.cache) {
+    return `SELECT p.request_id, p.request_id = p.id AS created, j.id::text AS job_id,
+       -- A request this batch created is reported pending (docs/durability.md "Request states":
+       -- accepted is pending), even when this process claimed it in the same statement and it
+       -- is running already.
        CASE WHEN m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
        (SELECT count(*) FROM woken) AS woken
   FROM placed p
   LEFT JOIN created m ON m.id = p.request_id
   LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
- ORDER BY p.ord`,
-);
+ ORDER BY p.ord`;
+  }
+  const first = shape.limits ? 'given' : 'offered';
+  return `SELECT ${shape.cache ? 'coalesce(h.id, p.request_id)' : 'p.request_id'} AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
+       CASE WHEN ${shape.cache ? "h.id IS NOT NULL THEN 'succeeded' WHEN " : ''}m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
+       ${shape.cache ? 'h.source_id' : 'NULL::text'} AS cached_from,
+       ${shape.limits ? "CASE WHEN v.refused THEN CASE WHEN v.by_tokens THEN 'tokens' ELSE 'requests' END END" : 'NULL::text'} AS refused,
+       ${shape.limits ? 'v.retry_after' : 'NULL::int'} AS retry_after,
+       (SELECT count(*) FROM woken) AS woken
+  FROM ${first} g
+  LEFT JOIN placed p ON p.ord = g.ord
+  LEFT JOIN created m ON m.id = p.request_id
+  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id${shape.cache ? '\n  LEFT JOIN hits h ON h.ord = g.ord' : ''}${shape.limits ? '\n  LEFT JOIN verdicts v ON v.ord = g.ord' : ''}
+ ORDER BY g.ord`;
+}
+
+const shapeName = (shape: SubmitShape): string => `sarsen_submit_batch${shape.limits ? '_limited' : ''}${shape.cache ? '_cached' : ''}`;
+
+/** The submission statement of each shape, a named statement of its own, made at load. */
+const SHAPES: readonly SubmitShape[] = [false, true].flatMap((limits) => [false, true].map((cache) => ({ limits, cache })));
+const SUBMIT_SQL = new Map(SHAPES.map((shape) => [shapeName(shape), submitSql(shape)]));
+const SUBMIT = new Map(SHAPES.map((shape) => [shapeName(shape), { statement: prepared(shapeName(shape), SUBMIT_SQL.get(shapeName(shape))!), input: inputOf(shape) }]));
+
+/** The statements' text by name (test/sql-snapshots holds a copy of each). */
+export const SUBMISSION_SQL: Readonly<Record<string, string>> = Object.fromEntries(SUBMIT_SQL);
 
 /**
  * Accepts a batch of submissions in one statement. The answer lines up with `rs`; null means
- * "submit it again" (an identical body's claim was committed concurrently).
+ * "submit it again" (an identical body's claim was committed concurrently); a refusal, that the
+ * submission's key is over its rate limit (nothing was written for it).
  */
 export async function submitBatch(
   db: Pool | PoolClient,
   rs: readonly NewRequest[],
   s: SubmitSettings,
   counterShard: number,
-): Promise<(Submitted | null)[]> {
-  const col = (f: (r: NewRequest) => Element) => arrayLiteral(rs.map(f));
-  const { rows } = await db.query<{ request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null }>(
-    SUBMIT([
-      col((r) => r.id), col((r) => r.tenancyId), col((r) => r.namespaceId), col((r) => r.apiKeyId), col((r) => r.backendId),
-      col((r) => r.dialect), col((r) => r.streaming), col((r) => r.model), col((r) => r.upstreamModel),
-      col((r) => JSON.stringify(r.forwardedHeaders)), col((r) => r.hops), col((r) => r.body), col((r) => r.identity),
-      col((r) => r.sealedCredential), col((r) => r.owner), s.windowMs, s.feeMicros, s.leaseMs, counterShard,
-      col((r) => r.fallbackBackendIds.join(',')),
-    ]),
-  );
-  return rows.map((row) =>
-    row.request_id === null ? null : { requestId: row.request_id, attached: !row.created, status: row.status!, jobId: row.job_id },
-  );
+): Promise<(Submitted | Refused | null)[]> {
+  const shape = { limits: rs.some((r) => r.limits !== null), cache: rs.some((r) => r.cache !== null) };
+  const { statement, input } = SUBMIT.get(shapeName(shape))!;
+  const { rows } = await db.query<{
+    request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null;
+    cached_from?: string | null; refused?: 'requests' | 'tokens' | null; retry_after?: number | null;
+  }>(statement(input.values(rs, { window_ms: s.windowMs, fee_micros: s.feeMicros, lease_ms: s.leaseMs, shard: counterShard })));
+  return rows.map((row) => {
+    if (row.refused) return { refused: row.refused, retryAfterSeconds: row.retry_after! };
+    if (row.request_id === null) return null;
+    return { requestId: row.request_id, attached: !row.created && !row.cached_from, status: row.status!, jobId: row.job_id, cachedFrom: row.cached_from ?? null };
+  });
 }
+
+/** Whether a statement's answer for a submission is a refusal by its key's rate limit. */
+export const isRefused = (r: Submitted | Refused | null): r is Refused => r !== null && 'refused' in r;
 
 /** A submission refused by metering; the caller maps it to its 402. */
 export class MeteringRefusal extends Error {
@@ -215,14 +359,15 @@ async function debit(c: PoolClient, r: NewRequest, micros: number): Promise<void
 
 /**
  * One submission on a metering deployment, in its own transaction: only a new execution costs
- * anything (an attach is never refused for credit), and a refusal rolls the whole submission
- * back. Null, as for a batch: submit it again.
+ * anything (an attach or an answer from the cache is never refused for credit), and a refusal
+ * rolls the whole submission back. Null, as for a batch: submit it again.
  */
-export async function submitMetered(pool: Pool, r: NewRequest, s: SubmitSettings): Promise<Submitted | null> {
+export async function submitMetered(pool: Pool, r: NewRequest, s: SubmitSettings): Promise<Submitted | Refused | null> {
   return withTransaction(pool, async (c) => {
     // Metered submissions run concurrently, each its own transaction: any shard will do.
     const [submitted] = await submitBatch(c, [r], s, shard());
-    if (submitted && !submitted.attached) {
+    // An answer from the cache is no new execution: like an attach, it costs nothing.
+    if (submitted && !isRefused(submitted) && !submitted.attached && submitted.cachedFrom === null) {
       await checkMetering(c, r);
       await debit(c, r, s.feeMicros);
     }

@@ -12,6 +12,9 @@ export const workerLogger = new Logger((scope) => (level, message, meta) => {
     connectionFailed(message, err);
     return;
   }
+  // Its pool is sized by the process's connection budget, not by the concurrency: task code
+  // does not use it (src/executor/worker.ts), so its warning about that says nothing.
+  if (message.startsWith('WARNING: having maxPoolSize')) return;
   // graphile-worker's info lines (worker started, job completed) are routine; keep them at debug.
   logger.log(LEVELS[level], message, { component: 'graphile-worker', job_id: scope.jobId, task: scope.taskIdentifier });
 });

@@ -1,8 +1,8 @@
-// The per-process chunk writer (DESIGN.md "Chunks"): frames from every live stream are
-// group-committed, one multi-row insert per flush, flushing at once when idle and batching
-// whatever arrives while a flush is in flight. A frame is shown to readers only after its
-// flush commits: then this process's readers get the frames themselves in memory, and other
-// processes' readers the flush's NOTIFY.
+// The per-process chunk writer (docs/durability.md "Group commits" and "Stream frames"): frames
+// from every live stream are group-committed, one multi-row insert per flush, flushing at once
+// when idle and batching whatever arrives while a flush is in flight. A frame is shown to readers
+// only after its flush commits: then this process's readers get the frames themselves in memory,
+// and other processes' readers the flush's NOTIFY.
 import { createBatchPool, retryTransient, type ConnectionConfig } from '../db/pool.ts';
 import type { Bus } from '../bus/bus.ts';
 import { storeFrames, type FrameRow, type Stored } from '../db/chunks.ts';

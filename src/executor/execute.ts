@@ -1,7 +1,7 @@
 // One attempt at a request, from the provider's side: call it, read what it answers (a whole
 // answer, or a stream whose frames are group-committed as they arrive), and say how the
 // attempt ended. Writing that outcome is settle.ts's; the attempt's life (lease, slots,
-// hand-back) is runner.ts's.
+// hand-back) is attempt-runner.ts's.
 import type { Settings } from '../config/settings.ts';
 import type { BaseDeps } from '../deps.ts';
 import type { Attempt, AttemptEnd, Tokens } from '../db/attempts.ts';
@@ -10,13 +10,16 @@ import type { BackendForCall } from '../db/backends.ts';
 import { openBackendCredential } from '../control/backends.ts';
 import { open } from '../core/sealing.ts';
 import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
+import { isProviderFailureFrame } from '../core/response-cache.ts';
 import { createFramer } from '../core/sse-framer.ts';
 import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.ts';
 import { errorBody } from '../core/errors.ts';
+import { createCommitBacklog } from '../core/commit-backlog.ts';
 import { cancelledAnswer } from '../db/cancel.ts';
 import type { ChunkWriter } from './chunk-writer.ts';
 import { TransportError, describeTransportError, type Sent, type Upstream, type UpstreamResponse } from './upstream.ts';
 import { logger } from '../log.ts';
+import { TRACING, trace } from '../trace.ts';
 import { idTime } from '../core/ids.ts';
 import { observeProviderCall, observeAcceptanceToCall, observeFirstFrame, countRetry } from '../metrics/metrics.ts';
 
@@ -35,7 +38,8 @@ export type StoredFrames = { bytes: number; lastSeq: number };
 
 /** How an attempt ended; settle.ts writes it (`end`: for the attempt log). */
 export type Outcome =
-  | ({ kind: 'succeeded'; answer: Answer; tokens: Tokens; frames: StoredFrames | null; end: AttemptEnd } & Traffic)
+  /** `cacheable`: not a stream the provider ended with its own failure event (docs/api.md "Response cache"). */
+  | ({ kind: 'succeeded'; answer: Answer; tokens: Tokens; frames: StoredFrames | null; cacheable: boolean; end: AttemptEnd } & Traffic)
   /**
    * Terminal: a refusal the provider answered with, a transport failure past the last attempt,
    * or a cancel (`tokens`: what the frames stored so far tell).
@@ -74,7 +78,7 @@ const NO_TRAFFIC: Traffic = { reached: false, sentBytes: 0, receivedBytes: 0 };
 const ended = (status: number | null, retryAfter: string | null = null, error: string | null = null): AttemptEnd => ({ status, retryAfter, error });
 const traffic = (sent: Sent, receivedBytes: number): Traffic => ({ reached: sent.reached, sentBytes: sent.bytes, receivedBytes });
 
-/** Our own upstream_failed envelope, stored as the failure's body (SPEC.md: not an HTTP answer). */
+/** Our own upstream_failed envelope, stored as the failure's body (docs/api.md "Errors": not an HTTP answer). */
 function transportAnswer(err: TransportError): Answer {
   return {
     status: 'failed',
@@ -88,7 +92,7 @@ function transportAnswer(err: TransportError): Answer {
 
 /**
  * The attempt's call was aborted: a cancel ends the request with what it moved and stored;
- * any other reason is the runner's (thrown).
+ * any other reason is the attempt runner's (thrown).
  */
 function aborted(signal: AbortSignal, moved: Traffic, frames: StoredFrames | null = null, tokens?: Tokens): Outcome {
   if (!(signal.reason instanceof Cancelled)) throw signal.reason;
@@ -96,10 +100,10 @@ function aborted(signal: AbortSignal, moved: Traffic, frames: StoredFrames | nul
 }
 
 /** The backend's own credential, or for a caller-credential backend the one this request brought. */
-function attemptCredential(deps: ExecutorDeps, a: Attempt, backend: BackendForCall): string | null {
+function attemptCredential(deps: ExecutorDeps, attempt: Attempt, backend: BackendForCall): string | null {
   if (backend.credential_source !== 'caller') return openBackendCredential(deps.keyring, backend);
-  if (!a.sealedCredential) throw new TransportError('The caller credential of this request is no longer held.', { refused: true });
-  return open(deps.keyring, a.sealedCredential, a.id);
+  if (!attempt.sealedCredential) throw new TransportError('The caller credential of this request is no longer held.', { refused: true });
+  return open(deps.keyring, attempt.sealedCredential, attempt.id);
 }
 
 async function readAll(body: AsyncIterable<Buffer>, limit: number): Promise<Buffer> {
@@ -120,11 +124,11 @@ function header(res: UpstreamResponse, name: string): string | null {
 }
 
 /** A transport failure: another attempt when one is left and the failure is worth retrying. */
-function transportFailure(a: Attempt, settings: Settings, traffic: Traffic, err: TransportError): Outcome {
-  logger.warn('provider call failed', { request_id: a.id, attempt: a.attempt, reason: err.message });
-  if (!err.refused && a.attempt < settings.max_attempts) {
+function transportFailure(attempt: Attempt, settings: Settings, traffic: Traffic, err: TransportError): Outcome {
+  logger.warn('provider call failed', { request_id: attempt.id, attempt: attempt.attempt, reason: err.message });
+  if (!err.refused && attempt.attempt < settings.max_attempts) {
     countRetry('transport');
-    return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs: null }), end: ended(null, null, err.message), ...traffic };
+    return { kind: 'retry', delayMs: nextDelayMs({ attempt: attempt.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs: null }), end: ended(null, null, err.message), ...traffic };
   }
   return { kind: 'failed', answer: transportAnswer(err), frames: null, end: ended(null, null, err.message), ...traffic };
 }
@@ -134,40 +138,42 @@ function transportFailure(a: Attempt, settings: Settings, traffic: Traffic, err:
  * aborted it for a reason other than a cancel (the reason says why) or a frame could not be
  * stored (StoreFailed).
  */
-export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Settings, signal: AbortSignal): Promise<Outcome> {
-  if (a.cancelRequested) return { kind: 'failed', answer: cancelledAnswer(), frames: null, cancelled: true, end: ended(null), ...NO_TRAFFIC };
-  if (!a.backend) {
-    return transportFailure(a, settings, NO_TRAFFIC, new TransportError('The backend this request was routed to no longer exists.', { refused: true }));
+export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings: Settings, signal: AbortSignal): Promise<Outcome> {
+  if (attempt.cancelRequested) return { kind: 'failed', answer: cancelledAnswer(), frames: null, cancelled: true, end: ended(null), ...NO_TRAFFIC };
+  if (!attempt.backend) {
+    return transportFailure(attempt, settings, NO_TRAFFIC, new TransportError('The backend this request was routed to no longer exists.', { refused: true }));
   }
   let res: UpstreamResponse;
   const sent: Sent = { reached: false, bytes: 0 };
-  if (a.attempt === 1) observeAcceptanceToCall(idTime(a.id));
+  if (attempt.attempt === 1) observeAcceptanceToCall(idTime(attempt.id));
   const callStarted = performance.now();
+  if (TRACING) trace(attempt.id, 'provider_call');
   try {
     res = await deps.upstream.call(
       {
-        dialect: a.dialect,
-        address: a.backend.address,
-        credential: attemptCredential(deps, a, a.backend),
-        forwarded: a.forwardedHeaders,
-        hops: a.hops,
-        body: a.body,
-        streaming: a.streaming,
+        dialect: attempt.dialect,
+        address: attempt.backend.address,
+        credential: attemptCredential(deps, attempt, attempt.backend),
+        forwarded: attempt.forwardedHeaders,
+        hops: attempt.hops,
+        body: attempt.body,
+        streaming: attempt.streaming,
         signal,
         sent,
       },
       settings,
     );
   } catch (err) {
-    observeProviderCall(a.backend.kind, null, callStarted);
+    observeProviderCall(attempt.backend.kind, null, callStarted);
     if (signal.aborted) return aborted(signal, traffic(sent, 0));
-    return transportFailure(a, settings, traffic(sent, 0), describeTransportError(err));
+    return transportFailure(attempt, settings, traffic(sent, 0), describeTransportError(err));
   }
-  observeProviderCall(a.backend.kind, res.status, callStarted);
+  observeProviderCall(attempt.backend.kind, res.status, callStarted);
+  if (TRACING) trace(attempt.id, 'provider_answered');
   const contentType = header(res, 'content-type');
   const success = res.status >= 200 && res.status < 300;
-  if (success && a.streaming && /^text\/event-stream\b/i.test(contentType ?? '')) {
-    return runStream(deps, a, settings, signal, res, sent);
+  if (success && attempt.streaming && /^text\/event-stream\b/i.test(contentType ?? '')) {
+    return runStream(deps, attempt, settings, signal, res, sent);
   }
 
   // A whole answer: a success, or a refusal with the provider's body byte for byte.
@@ -177,18 +183,19 @@ export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Setti
   } catch (err) {
     res.body.destroy();
     if (signal.aborted) return aborted(signal, traffic(sent, 0));
-    return transportFailure(a, settings, traffic(sent, 0), describeTransportError(err));
+    return transportFailure(attempt, settings, traffic(sent, 0), describeTransportError(err));
   }
   const moved = traffic(sent, body.length);
+  if (TRACING) trace(attempt.id, 'provider_done');
   if (success) {
     const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType, body, errorStatus: null, retryAfter: null };
-    return { kind: 'succeeded', answer, tokens: tokensFromAnswer(a.dialect, body), frames: null, end: ended(res.status), ...moved };
+    return { kind: 'succeeded', answer, tokens: tokensFromAnswer(attempt.dialect, body), frames: null, cacheable: true, end: ended(res.status), ...moved };
   }
   const retryAfter = header(res, 'retry-after');
-  if (isRetryableStatus(res.status) && a.attempt < settings.max_attempts) {
+  if (isRetryableStatus(res.status) && attempt.attempt < settings.max_attempts) {
     const retryAfterMs = retryAfter === null ? null : parseRetryAfter(retryAfter, Date.now());
     countRetry(res.status);
-    return { kind: 'retry', delayMs: nextDelayMs({ attempt: a.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs }), end: ended(res.status, retryAfter), ...moved };
+    return { kind: 'retry', delayMs: nextDelayMs({ attempt: attempt.attempt, baseMs: settings.retry_base_ms, maxMs: settings.retry_max_ms, retryAfterMs }), end: ended(res.status, retryAfter), ...moved };
   }
   // The provider's content type is kept for the record (a non-JSON body is wrapped beside it);
   // the dialect routes still pass the body through as application/json.
@@ -201,78 +208,62 @@ export async function runAttempt(deps: ExecutorDeps, a: Attempt, settings: Setti
  * group-committed. A failure before the first frame is an ordinary (retryable) transport
  * failure; after it, the status line has been sent to live readers, so it is terminal.
  */
-async function runStream(deps: ExecutorDeps, a: Attempt, settings: Settings, signal: AbortSignal, res: UpstreamResponse, sent: Sent): Promise<Outcome> {
+async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Settings, signal: AbortSignal, res: UpstreamResponse, sent: Sent): Promise<Outcome> {
   const framer = createFramer();
-  const tokens = createStreamTokenReader(a.dialect);
-  let seq = a.firstSeq - 1;
+  const tokens = createStreamTokenReader(attempt.dialect);
+  let seq = attempt.firstSeq - 1;
   let received = 0;
   let storedBytes = 0; // of frames handed to the writer: all of them are committed before the outcome
+  let providerFailed = false; // a frame was the provider's own failure event
   // Reading never waits for a commit: bytes left in the body's buffer while a flush is in
   // flight are discarded when the connection then fails (a destroyed stream drops its buffer),
-  // so frames the provider did send would be lost. The outcome is answered only once every
-  // frame handed to the writer has settled; a backlog past MAX_UNCOMMITTED pauses reading.
-  let uncommitted = 0;
-  let storeError: LeaseLost | StoreFailed | null = null;
-  const waiters = new Set<() => void>();
-  const settled = (n: number) => {
-    uncommitted -= n;
-    for (const w of waiters) w();
-  };
-  const atMost = (n: number) =>
-    new Promise<void>((resolve) => {
-      const check = () => {
-        if (uncommitted > n) return;
-        waiters.delete(check);
-        resolve();
-      };
-      waiters.add(check);
-      check();
-    });
-  const failStore = (err: LeaseLost | StoreFailed) => {
-    storeError ??= err;
-    res.body.destroy(storeError); // stop reading at once; the loop below sees storeError
-  };
+  // so frames the provider did send would be lost. A store failure stops reading at once.
+  const backlog = createCommitBacklog<LeaseLost | StoreFailed>(MAX_UNCOMMITTED, (failure) => res.body.destroy(failure));
   const store = (frames: Buffer[]): void => {
     if (frames.length === 0) return;
-    if (seq < a.firstSeq && a.attempt === 1) observeFirstFrame(idTime(a.id));
+    if (seq < attempt.firstSeq && attempt.attempt === 1) observeFirstFrame(idTime(attempt.id));
+    const first = TRACING && seq < attempt.firstSeq;
+    if (first) trace(attempt.id, 'first_frame');
     const rows = frames.map((frame) => {
       tokens.push(frame);
+      if (!providerFailed) providerFailed = isProviderFailureFrame(frame);
       storedBytes += frame.length;
-      return { requestId: a.id, attempt: a.attempt, seq: ++seq, frame };
+      return { requestId: attempt.id, attempt: attempt.attempt, seq: ++seq, frame };
     });
-    uncommitted += rows.length;
+    backlog.handed(rows.length);
     deps.chunks.write(rows).then(
       (stored) => {
-        if (!stored) failStore(new LeaseLost('the lease was lost while streaming'));
-        settled(rows.length);
+        if (first) trace(attempt.id, 'first_frame_commit');
+        backlog.settled(rows.length, stored ? undefined : new LeaseLost('the lease was lost while streaming'));
       },
-      (err) => {
-        failStore(new StoreFailed(err));
-        settled(rows.length);
-      },
+      (err) => backlog.settled(rows.length, new StoreFailed(err)),
     );
   };
   try {
     for await (const chunk of res.body) {
       received += chunk.length;
       store(framer.push(chunk));
-      if (uncommitted > MAX_UNCOMMITTED) await atMost(MAX_UNCOMMITTED / 2);
+      if (backlog.full()) await backlog.drained();
     }
     store(framer.end());
-    await atMost(0);
-    if (storeError) throw storeError;
+    if (TRACING) trace(attempt.id, 'provider_done');
+    const storeFailure = await backlog.allSettled();
+    if (storeFailure) throw storeFailure;
   } catch (caught) {
-    await atMost(0);
+    const storeFailure = await backlog.allSettled();
     res.body.destroy();
-    // Not the provider's failure: stop its call; the attempt is the runner's to give up.
-    if (storeError) throw storeError;
-    const stored = seq < a.firstSeq ? null : { bytes: storedBytes, lastSeq: seq };
+    // Not the provider's failure: stop its call; the attempt is the attempt runner's to give up.
+    if (storeFailure) throw storeFailure;
+    const stored = seq < attempt.firstSeq ? null : { bytes: storedBytes, lastSeq: seq };
     if (signal.aborted) return aborted(signal, traffic(sent, received), stored, tokens.result());
     const failure = describeTransportError(caught);
-    if (seq < a.firstSeq) return transportFailure(a, settings, traffic(sent, received), failure);
-    logger.warn('stream failed after its first frame', { request_id: a.id, attempt: a.attempt, reason: failure.message });
+    if (seq < attempt.firstSeq) return transportFailure(attempt, settings, traffic(sent, received), failure);
+    logger.warn('stream failed after its first frame', { request_id: attempt.id, attempt: attempt.attempt, reason: failure.message });
     return { kind: 'failed', answer: transportAnswer(failure), frames: stored, end: ended(null, null, failure.message), ...traffic(sent, received) };
   }
   const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType: header(res, 'content-type'), body: Buffer.alloc(0), errorStatus: null, retryAfter: null };
-  return { kind: 'succeeded', answer, tokens: tokens.result(), frames: { bytes: storedBytes, lastSeq: seq }, end: ended(res.status), ...traffic(sent, received) };
+  return {
+    kind: 'succeeded', answer, tokens: tokens.result(), frames: { bytes: storedBytes, lastSeq: seq }, cacheable: !providerFailed,
+    end: ended(res.status), ...traffic(sent, received),
+  };
 }

@@ -1,9 +1,19 @@
-// The retention sweep (executor role, every `retention_sweep_interval_ms`): each namespace's
-// effective horizon (src/core/retention.ts, the same figure the admin routes show), then the
-// longer horizons of listing metadata and the ledger, and lapsed idempotency claims.
+// The retention sweep (executor role, every `retention_sweep_interval_ms`; docs/storage.md).
+// One executor at a time runs a pass, under a session advisory lock: it creates partitions
+// ahead, drops the days of payloads whose every record is past its horizon (and the months of
+// request rows and ledger past theirs), then sweeps row by row what the drops do not reach in
+// time: the records of namespaces with a shorter horizon than the longest (src/core/partitions.ts
+// rowSweep), lapsed idempotency claims, and the longer horizons' leftovers.
 import type { BaseDeps } from '../deps.ts';
+import type { PoolClient } from '../db/pool.ts';
 import { effectiveRetentionMinutes } from '../core/retention.ts';
+import { rowSweep } from '../core/partitions.ts';
+import { firstIdAt, idTime } from '../core/ids.ts';
 import { namespaceHorizons, sweepRecords, sweepLapsedClaims, sweepListingRows, sweepLedger } from '../db/retention.ts';
+import {
+  ensurePartitions, finishRetired, listPartitions, retiredBelow, retirePayloads, retireRequestRows, retireLedger, PAYLOADS, LEDGER, type Horizon,
+} from '../db/partitions.ts';
+import { shard } from '../db/counters.ts';
 import { logger, errorFields } from '../log.ts';
 import { countExpired, countSweep } from '../metrics/metrics.ts';
 
@@ -11,6 +21,10 @@ const BATCH = 500;
 // One pass stops after this many batches of a kind so a huge backlog cannot starve the others;
 // the next pass carries on.
 const MAX_BATCHES = 200;
+// Days of payloads one pass may drop (a deployment catching up after a pause drops a week a pass).
+const MAX_DAYS = 7;
+// 0x5a7e_3100_0029: held by the executor running a pass.
+const PASS_LOCK = 99498034462761;
 
 async function drain(fn: () => Promise<number>): Promise<number> {
   let total = 0;
@@ -22,26 +36,72 @@ async function drain(fn: () => Promise<number>): Promise<number> {
   return total;
 }
 
-export type RetentionCounts = { records: number; claims: number; listing: number; ledger: number };
+export type RetentionCounts = { records: number; claims: number; listing: number; ledger: number; partitions: number };
+const NOTHING: RetentionCounts = { records: 0, claims: 0, listing: 0, ledger: 0, partitions: 0 };
 
-export async function runRetentionSweep(deps: Pick<BaseDeps, 'pool' | 'settings'>): Promise<RetentionCounts> {
-  const s = deps.settings.current();
-  let records = 0;
-  for (const ns of await namespaceHorizons(deps.pool)) {
-    const minutes = effectiveRetentionMinutes({
-      namespaceMinutes: ns.namespace_minutes,
-      tenancyMinutes: ns.tenancy_minutes,
-      metadataHorizonMinutes: s.metadata_horizon_minutes,
-    });
-    records += await drain(() => sweepRecords(deps.pool, ns.namespace_id, minutes, BATCH));
+type Deps = Pick<BaseDeps, 'pool' | 'settings'>;
+
+/**
+ * One retention pass. `wait`: wait for a pass another process is running to end, then run
+ * (tests, operators); otherwise skip when one is running (the executors' loop).
+ */
+export async function runRetentionSweep(deps: Deps, opts: { wait?: boolean } = {}): Promise<RetentionCounts> {
+  const client = await deps.pool.connect();
+  let failure: Error | undefined;
+  let locked = false;
+  try {
+    if (opts.wait === false) locked = (await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [PASS_LOCK])).rows[0]!.ok;
+    else locked = (await client.query('SELECT pg_advisory_lock($1)', [PASS_LOCK]), true);
+    if (!locked) return NOTHING;
+    const counts = await pass(deps, client);
+    if (counts.records + counts.listing + counts.ledger + counts.partitions > 0) logger.info('retention sweep', counts);
+    countExpired(counts);
+    return counts;
+  } catch (err) {
+    failure = err as Error;
+    throw err;
+  } finally {
+    if (locked && !failure) await client.query('SELECT pg_advisory_unlock($1)', [PASS_LOCK]).catch(() => undefined);
+    // A failed pass's connection is closed, not reused: its lock and any session setting go with it.
+    client.release(failure);
   }
-  records += await drain(() => sweepRecords(deps.pool, null, s.metadata_horizon_minutes, BATCH));
-  const claims = await drain(() => sweepLapsedClaims(deps.pool, BATCH));
-  const listing = await drain(() => sweepListingRows(deps.pool, s.listing_horizon_days, BATCH));
-  const ledger = await drain(() => sweepLedger(deps.pool, s.ledger_horizon_days, BATCH));
-  if (records + listing + ledger > 0) logger.info('retention sweep', { records, claims, listing, ledger });
-  countExpired({ records, claims, listing, ledger });
-  return { records, claims, listing, ledger };
+}
+
+async function pass(deps: Deps, db: PoolClient): Promise<RetentionCounts> {
+  const s = deps.settings.current();
+  const now = Date.now();
+  await ensurePartitions(deps.pool, now);
+  let partitions = await finishRetired(db);
+
+  const horizons: Horizon[] = (await namespaceHorizons(db)).map((ns) => ({
+    namespace_id: ns.namespace_id,
+    minutes: effectiveRetentionMinutes({ namespaceMinutes: ns.namespace_minutes, tenancyMinutes: ns.tenancy_minutes, metadataHorizonMinutes: s.metadata_horizon_minutes }),
+  }));
+  partitions += await retirePayloads(db, horizons, s.metadata_horizon_minutes, shard(), MAX_DAYS, now);
+
+  // The row sweep: each namespace's records the drops leave, then those of deleted namespaces.
+  const from = await retiredBelow(db);
+  const fromMs = from === '' ? null : idTime(from);
+  const legacy = (await listPartitions(db, [...PAYLOADS.tables, ...LEDGER.tables])).filter((p) => p.loMs === null);
+  const legacyPayloadsHi = legacy.find((p) => p.table === PAYLOADS.tables[0])?.hiMs ?? null;
+  const longest = horizons.length === 0 ? s.metadata_horizon_minutes : Math.max(...horizons.map((h) => h.minutes));
+  const sweep = async (namespaceId: string | null, minutes: number) => {
+    const rule = rowSweep(minutes, longest, now, legacyPayloadsHi);
+    const below = rule.everything ? null : firstIdAt('req', rule.belowMs);
+    if (below !== null && below <= from) return 0;
+    return drain(() => sweepRecords(db, namespaceId, minutes, BATCH, { from, fromMs, below }));
+  };
+  let records = 0;
+  for (const h of horizons) records += await sweep(h.namespace_id, h.minutes);
+  records += await sweep(null, s.metadata_horizon_minutes);
+
+  const claims = await drain(() => sweepLapsedClaims(db, BATCH));
+  const listing = await drain(() => sweepListingRows(db, s.listing_horizon_days, BATCH));
+  const legacyLedger = legacy.find((p) => p.table === LEDGER.tables[0]);
+  const ledger = await drain(() => sweepLedger(db, s.ledger_horizon_days, BATCH, legacyLedger ? new Date(legacyLedger.hiMs) : null));
+  partitions += await retireRequestRows(db, s.listing_horizon_days, now);
+  partitions += await retireLedger(db, s.ledger_horizon_days, now);
+  return { records, claims, listing, ledger, partitions };
 }
 
 export function startRetentionSweeper(deps: BaseDeps): { stop(): Promise<void> } {
@@ -53,7 +113,7 @@ export function startRetentionSweeper(deps: BaseDeps): { stop(): Promise<void> }
   };
   const tick = () => {
     timer = null;
-    running = runRetentionSweep(deps)
+    running = runRetentionSweep(deps, { wait: false })
       .then(() => countSweep('retention', true))
       .catch((err) => {
         countSweep('retention', false);

@@ -12,10 +12,11 @@ import { WRITER_SHARD } from '../db/counters.ts';
 import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
 import { countHandBack } from '../metrics/metrics.ts';
+import { TRACING, traceFlush } from '../trace.ts';
 
 const MAX_BATCH = 500;
 
-export type Settle = { settle(a: Attempt, outcome: Outcome): Promise<void>; close(): Promise<void> };
+export type Settle = { settle(attempt: Attempt, outcome: Outcome): Promise<void>; close(): Promise<void> };
 
 export function createSettle(deps: BaseDeps): Settle {
   const lanes = WRITER_SHARD.terminals.length;
@@ -24,14 +25,15 @@ export function createSettle(deps: BaseDeps): Settle {
     async (batch, lane) => {
       const opts = { metering: deps.settings.current().metering_enabled, origin: deps.processId, counterShard: WRITER_SHARD.terminals[lane]! };
       // Through an outage, for as long as the lease could last: the answer is in hand.
-      const written = await retryTransient(() => settleBatch(writer, batch, opts), deps.settings.current().lease_ms);
-      return batch.map((t) => written.has(t.id));
+      const flush = () => retryTransient(() => settleBatch(writer, batch, opts), deps.settings.current().lease_ms);
+      const written = await (TRACING ? traceFlush(batch.map((terminal) => terminal.id), 'terminal', flush) : flush());
+      return batch.map((terminal) => written.has(terminal.id));
     },
     { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT },
   );
 
-  const settle = async (a: Attempt, outcome: Outcome): Promise<void> => {
-    const log = { request_id: a.id, attempt: a.attempt };
+  const settle = async (attempt: Attempt, outcome: Outcome): Promise<void> => {
+    const log = { request_id: attempt.id, attempt: attempt.attempt };
     switch (outcome.kind) {
       case 'succeeded':
       case 'failed': {
@@ -39,25 +41,25 @@ export function createSettle(deps: BaseDeps): Settle {
         const { answer, reached, sentBytes, receivedBytes, frames, end } = outcome;
         const cancelled = outcome.kind === 'failed' && outcome.cancelled === true;
         const written = await terminals.add({
-          id: a.id, attempt: a.attempt, jobId: a.jobId, answer, tokens, frames, reached, sentBytes, receivedBytes, cancelled, end,
-          ownCredential: a.sealedCredential !== null,
+          id: attempt.id, attempt: attempt.attempt, jobId: attempt.jobId, answer, tokens, frames, reached, sentBytes, receivedBytes, cancelled, end,
+          ownCredential: attempt.sealedCredential !== null, tokenLimited: attempt.tokenLimited, cacheable: outcome.kind === 'succeeded' && outcome.cacheable,
         });
-        if (written) deps.bus.publishRequest({ type: 'state', requestId: a.id, status: answer.status, answer });
+        if (written) deps.bus.publishRequest({ type: 'state', requestId: attempt.id, status: answer.status, answer });
         else logger.warn('answer discarded: lease lost before it was stored', log);
         return;
       }
       case 'retry': {
-        const scheduled = await retryTransient(() => scheduleRetry(deps.pool, { ...outcome, id: a.id, attempt: a.attempt, origin: deps.processId }), deps.settings.current().lease_ms);
+        const scheduled = await retryTransient(() => scheduleRetry(deps.pool, { ...outcome, id: attempt.id, attempt: attempt.attempt, origin: deps.processId }), deps.settings.current().lease_ms);
         if (!scheduled) return;
-        deps.bus.publishRequest({ type: 'state', requestId: a.id, status: 'pending' });
+        deps.bus.publishRequest({ type: 'state', requestId: attempt.id, status: 'pending' });
         logger.info('attempt failed; retry scheduled', { ...log, delay_ms: outcome.delayMs });
         return;
       }
       case 'handed_back': {
         // Another executor takes over at once instead of waiting for the lease to expire (if
         // the database is still unreachable, the sweep recovers the attempt once it expires).
-        const handed = await retryTransient(() => handBack(deps.pool, a.id, a.attempt, deps.processId)).catch(() => false);
-        if (handed) deps.bus.publishRequest({ type: 'superseded', requestId: a.id });
+        const handed = await retryTransient(() => handBack(deps.pool, attempt.id, attempt.attempt, deps.processId)).catch(() => false);
+        if (handed) deps.bus.publishRequest({ type: 'superseded', requestId: attempt.id });
         if (handed) countHandBack(outcome.reason === 'shutdown' ? 'shutdown' : 'database');
         logger.warn('attempt handed back', { ...log, handed, reason: outcome.reason, ...(outcome.cause ? { cause: outcome.cause } : {}) });
         return;

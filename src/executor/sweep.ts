@@ -1,8 +1,14 @@
-// The recovery sweep: every executor process, every `sweep_interval_ms` (not cron: cron has
-// minute granularity), re-dispatches requests whose worker died or whose lease expired, and
-// forgets the buses of processes that died without leaving.
+// Recovery (docs/durability.md "Recovery"). Every executor process runs this loop, but only the
+// one holding the watch lock (src/db/liveness.ts) does the work; the others try that lock once
+// per check, one statement, so a process's cost does not grow with the number of processes.
+// The watcher, every `liveness_check_ms`, looks with one statement for listed executors that
+// died and for expired leases, and re-dispatches what they held at once. Every
+// `sweep_interval_ms`, and as soon as it becomes the watcher, it also runs the full sweep: every
+// running lease's owner checked (an owner that was never listed), jobs stranded by a pool nobody
+// listed, and the buses of dead processes forgotten.
 import type { BaseDeps } from '../deps.ts';
-import { recoverDeadAttempts, redispatchStranded } from '../db/recovery.ts';
+import { recoverDeadAttempts, redispatchStranded, type Recovered } from '../db/recovery.ts';
+import { recoverExecutors, watchExecutors, type Liveness } from '../db/liveness.ts';
 import { reconcileBuses } from '../db/events.ts';
 import { connectionFailed } from '../db/pool.ts';
 import { logger } from '../log.ts';
@@ -10,49 +16,80 @@ import { countRecoveries, countSweep } from '../metrics/metrics.ts';
 
 const BATCH = 100;
 
-export type Sweeper = { runOnce(): Promise<number>; stop(): Promise<void> };
+export type Sweeper = { stop(): Promise<void> };
 
-export function startSweeper(deps: BaseDeps, owner: string): Sweeper {
+export function startSweeper(deps: BaseDeps, liveness: Liveness): Sweeper {
+  const owner = liveness.owner;
   let stopped = false;
   let timer: NodeJS.Timeout | null = null;
-  let running: Promise<number> | null = null;
+  let running: Promise<void> | null = null;
+  // When this process last ran the full sweep as the watcher; null while it does not watch.
+  let lastFullSweep: number | null = null;
 
-  const runOnce = async (): Promise<number> => {
+  const announce = (recovered: readonly Recovered[], how: string) => {
+    countRecoveries(recovered.length);
+    for (const r of recovered) {
+      deps.bus.publishRequest({ type: 'superseded', requestId: r.id });
+      logger.warn(how, { request_id: r.id, attempt: r.attempt });
+    }
+  };
+
+  const recoverExpired = async () => {
+    for (;;) {
+      const recovered = await recoverDeadAttempts(deps.pool, owner, BATCH, liveness.settling());
+      announce(recovered, 'recovered a request from a dead attempt');
+      if (recovered.length < BATCH || stopped) return;
+    }
+  };
+
+  const fullSweep = async () => {
     await reconcileBuses(deps.pool);
     const stranded = await redispatchStranded(deps.pool, deps.settings.current().lease_ms);
     for (const id of stranded) logger.warn('re-dispatched a request whose job a dead worker held', { request_id: id });
-    let total = 0;
-    for (;;) {
-      const recovered = await recoverDeadAttempts(deps.pool, owner, BATCH);
-      total += recovered.length;
-      countRecoveries(recovered.length);
-      for (const r of recovered) {
-        deps.bus.publishRequest({ type: 'superseded', requestId: r.id });
-        logger.warn('recovered a request from a dead attempt', { request_id: r.id, attempt: r.attempt });
-      }
-      if (recovered.length < BATCH || stopped) return total;
+    await recoverExpired();
+  };
+
+  const check = async () => {
+    if (!(await liveness.watching())) {
+      lastFullSweep = null;
+      return;
     }
+    const { dead, expired } = await watchExecutors(deps.pool, owner, liveness.settling());
+    if (dead.length > 0) {
+      const found = await recoverExecutors(deps.pool, owner, dead);
+      announce(found.recovered, 'recovered a request whose executor died');
+      if (found.dead.length > 0) {
+        logger.warn('executors died', { executors: found.dead, recovered: found.recovered.length, jobs_freed: found.jobs.freed, jobs_deleted: found.jobs.deleted });
+        // Statements stop notifying the dead processes' buses.
+        await reconcileBuses(deps.pool);
+      }
+    }
+    const now = performance.now();
+    if (lastFullSweep === null || now - lastFullSweep >= deps.settings.current().sweep_interval_ms) {
+      lastFullSweep = now;
+      await fullSweep().then(
+        () => countSweep('recovery', true),
+        (err: unknown) => {
+          countSweep('recovery', false);
+          throw err;
+        },
+      );
+    } else if (expired) await recoverExpired();
   };
 
   const tick = () => {
     timer = null;
     if (stopped) return;
-    running = runOnce()
-      .then((n) => (countSweep('recovery', true), n))
-      .catch((err) => {
-        countSweep('recovery', false);
-        connectionFailed('recovery sweep failed; will try again', err);
-        return 0;
-      })
+    running = check()
+      .catch((err) => connectionFailed('recovery check failed; will try again', err))
       .finally(() => {
         running = null;
-        if (!stopped) timer = setTimeout(tick, deps.settings.current().sweep_interval_ms);
+        if (!stopped) timer = setTimeout(tick, deps.settings.current().liveness_check_ms);
       });
   };
   timer = setTimeout(tick, 0);
 
   return {
-    runOnce,
     async stop() {
       stopped = true;
       if (timer) clearTimeout(timer);

@@ -6,7 +6,7 @@ import { isIP, type Socket } from 'node:net';
 import type { Settings } from '../config/settings.ts';
 import { policyLookup, refusalReason, HOST_REFUSED_CODE } from '../core/address-policy.ts';
 import { upstreamHeaders } from '../core/header-policy.ts';
-import type { Dialect } from '../core/tokens.ts';
+import { upstreamPath, type Dialect } from '../core/dialects.ts';
 import { logger } from '../log.ts';
 
 /**
@@ -46,7 +46,7 @@ export class TransportError extends Error {
 }
 
 export function upstreamUrl(dialect: Dialect, address: string): string {
-  return dialect === 'chat' ? `${address}/chat/completions` : `${address}/v1/messages`;
+  return `${address}${upstreamPath(dialect)}`;
 }
 
 export type Upstream = {

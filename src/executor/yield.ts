@@ -3,7 +3,8 @@
 // Work nobody waits on (POST /requests, and jobs) starts at once unless the process is
 // accepting submissions and its loop is saturated; then it waits until the burst passes, so a
 // burst is accepted at the rate acceptance alone can reach and its backlog drains right after
-// (DESIGN.md section 6): `arrivalWindowMs` after the last arrival, everything waiting starts.
+// (docs/durability.md "Acceptance first"): `arrivalWindowMs` after the last arrival, everything
+// waiting starts.
 // The wait is bounded: under sustained overload, work still starts `maxWaitMs` after it was
 // ready. Waiting work is already claimed, under a lease the runner keeps renewing, and has not
 // reached the provider. Nothing waits in memory beyond the runner's slots; the rest of a
@@ -25,12 +26,10 @@ export type YieldSettings = Readonly<{
   perTick: number;
 }>;
 
-// Measured (bench/compare.ts, role both, c=64 POST /requests): acceptance alone keeps the loop
-// about 0.8 busy, so a threshold at or above that never holds anything back; from 0.5 the burst
-// is accepted at about twice the rate of accepting and executing together. A loop that waits on
-// a commit dips below the threshold for a few milliseconds at a time: measured over 100 ms, and
-// let go a few at a time while submissions still arrive, such a dip does not start the whole
-// backlog at once.
+// The threshold sits below what acceptance alone keeps busy, so a burst holds background work
+// back (docs/performance.md "What bounds the figures"). A loop that waits on a commit dips
+// below it for a moment: sampled over a window and let go a few at a time while submissions
+// still arrive, such a dip does not start the whole backlog at once.
 export const YIELD_SETTINGS: YieldSettings = { busyUtilisation: 0.5, arrivalWindowMs: 100, maxWaitMs: 10_000, sampleMs: 100, tickMs: 20, perTick: 16 };
 
 /** Whether background work waits now: only while submissions arrive and the loop is saturated. */

@@ -1,5 +1,5 @@
 // The express application: health routes, the routers later parts mount, the 404 fallback and
-// the one error handler that turns everything into SPEC.md's envelope.
+// the one error handler that turns everything into the error envelope (docs/api.md "Errors").
 import express from 'express';
 import type { Request, Response, NextFunction, Router } from 'express';
 import crypto from 'node:crypto';
@@ -15,6 +15,16 @@ import { exposition } from '../metrics/metrics.ts';
 const UNAVAILABLE_RETRY_AFTER_S = 1;
 
 export type Readiness = () => Promise<boolean>;
+
+// A caller whose SDK was pointed at something Sarsen does not serve (a model listing, token
+// counting, embeddings, a provider's stored response, a base address with one /v1 too many)
+// learns what it does serve (docs/api.md "Routes that do not exist").
+const SERVED =
+  'Sarsen serves, under /{tenancy}/{namespace}/v1: POST /chat/completions, POST /messages, POST /responses, ' +
+  'POST /requests?dialect=chat|messages|responses, GET /requests/{id} (the record, or its stream replayed), ' +
+  'POST /requests/{id}/cancel, GET /requests, GET /usage and GET /storage. ' +
+  'There is no model-listing, token-counting or embeddings route, and a provider\'s own stored responses are not proxied.';
+const ADMIN_PATH = /^\/[^/]+\/v1(\/|$)/;
 
 export function sendError(res: Response, code: ErrorCode, status: number, message: string): void {
   observedOf(res).errorCode = code;
@@ -68,7 +78,8 @@ export function createApp(opts: { ready: Readiness; routers?: Router[]; metricsT
   for (const router of opts.routers ?? []) app.use(router);
 
   app.use((req: Request, res: Response) => {
-    sendError(res, 'not_found', 404, `No route for ${req.method} ${req.path}.`);
+    const served = ADMIN_PATH.test(req.path) ? '' : ` ${SERVED}`;
+    sendError(res, 'not_found', 404, `No route for ${req.method} ${req.path}.${served}`);
   });
 
   app.use((err: unknown, req: Request, res: Response, _next: NextFunction) => {
@@ -99,6 +110,7 @@ export function createApp(opts: { ready: Readiness; routers?: Router[]; metricsT
       res.on('finish', () => req.socket.end());
     }
     if (err instanceof ServiceError) {
+      if (err.retryAfterSeconds !== undefined) res.set('retry-after', String(err.retryAfterSeconds));
       sendError(res, err.code, err.status, err.message);
       return;
     }

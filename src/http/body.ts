@@ -4,7 +4,7 @@
 import type { Request } from 'express';
 import { ServiceError } from '../core/errors.ts';
 
-/** SPEC.md Limits: fixed at build time, not a deployment figure. */
+/** docs/api.md "Limits": fixed at build time, not a deployment figure. */
 export const MAX_SUBMISSION_BYTES = 2 * 1024 * 1024;
 /** Administration payloads are small documents. */
 export const MAX_ADMIN_BYTES = 64 * 1024;

@@ -3,31 +3,34 @@
 // header, a key or a credential. Probes and scrapes log at debug, everything else at info.
 import type { Request, Response, NextFunction } from 'express';
 import { logger } from '../log.ts';
+import { isDialect } from '../core/dialects.ts';
 import { countSubmission, countHeldTooLong, observeHttp } from '../metrics/metrics.ts';
+import { TRACING, trace, traceNow } from '../trace.ts';
 
 /** What a route tells the access log and the metrics about its request (res.locals.observed). */
-export type Observed = { requestId?: string; attached?: boolean; errorCode?: string };
+export type Observed = { requestId?: string; attached?: boolean; cached?: boolean; errorCode?: string };
 
 export function observedOf(res: Response): Observed {
   return ((res.locals as { observed?: Observed }).observed ??= {});
 }
 
 const QUIET_ROUTES = new Set(['/healthz', '/readyz', '/metrics', '/openapi.json']);
-const SUBMISSION = /\/(chat\/completions|messages|requests)$/;
+const SUBMISSION = /\/(chat\/completions|messages|responses|requests)$/;
 
 function submissionDialect(route: string, req: Request): string | null {
   if (req.method !== 'POST') return null;
   const m = SUBMISSION.exec(route);
   if (!m) return null;
   if (m[1] === 'chat/completions') return 'chat';
-  if (m[1] === 'messages') return 'messages';
+  if (m[1] === 'messages' || m[1] === 'responses') return m[1];
   const d = req.query.dialect ?? 'chat';
-  return d === 'chat' || d === 'messages' ? d : 'invalid';
+  return isDialect(d) ? d : 'invalid';
 }
 
 export function observeRequests() {
   return (req: Request, res: Response, next: NextFunction): void => {
     const started = performance.now();
+    const arrivedAt = TRACING ? traceNow() : 0;
     res.once('close', () => {
       const seconds = (performance.now() - started) / 1000;
       const route = req.route ? `${req.baseUrl}${String(req.route.path)}` : 'unmatched';
@@ -38,9 +41,13 @@ export function observeRequests() {
       const dialect = submissionDialect(route, req);
       if (dialect !== null) {
         const suffix = SUBMISSION.exec(route)![1]!;
-        if (o.attached !== undefined) countSubmission(suffix, dialect, o.attached ? 'attached' : 'new');
+        if (o.attached !== undefined) countSubmission(suffix, dialect, o.cached ? 'cached' : o.attached ? 'attached' : 'new');
         else countSubmission(suffix, dialect, 'refused', o.errorCode ?? 'other');
         if (o.errorCode === 'held_too_long') countHeldTooLong(suffix);
+        if (TRACING && o.requestId) {
+          trace(o.requestId, 'arrived', arrivedAt);
+          trace(o.requestId, 'answered');
+        }
       }
       logger.log(QUIET_ROUTES.has(route) ? 'debug' : 'info', 'request', {
         method: req.method,
@@ -56,6 +63,6 @@ export function observeRequests() {
 }
 
 /** Called by a submission route once its submission is accepted. */
-export function noteSubmission(res: Response, sub: { requestId: string; attached: boolean }): void {
-  Object.assign(observedOf(res), { requestId: sub.requestId, attached: sub.attached });
+export function noteSubmission(res: Response, sub: { requestId: string; attached: boolean; cachedFrom: string | null }): void {
+  Object.assign(observedOf(res), { requestId: sub.requestId, attached: sub.attached, cached: sub.cachedFrom !== null });
 }

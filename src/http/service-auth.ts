@@ -1,17 +1,18 @@
-// Authentication of the service routes `/{tenancy}/{namespace}/v1/...` (SPEC.md
-// "Authentication" 1-5, with DESIGN.md's names: header X-Sarsen-Key, code
-// sarsen_key_forwarded).
+// Authentication of the service routes `/{tenancy}/{namespace}/v1/...` (docs/api.md
+// "Authentication").
 //
 // Key lookups are cached per process by prefix for KEY_TTL_MS, so the steady state costs no
-// database round trip. Revocation reaches every process over the bus at once (a trigger
-// NOTIFYs `api-key` with the prefix); the TTL bounds it when a notification is missed, so a
-// revoked key stops working within KEY_TTL_MS (5 s) at worst. `last_used_at` is written by
-// a coalescing flusher: at most one UPDATE per LAST_USED_FLUSH_MS for all keys used.
+// database round trip; a lookup also brings the key's rate limits and its namespace's cache
+// life. Revocation reaches every process over the bus at once (a trigger NOTIFYs `api-key`
+// with the prefix); the TTL bounds it when a notification is missed, so a revoked key stops
+// working within KEY_TTL_MS (5 s) at worst. `last_used_at` is written by a coalescing
+// flusher: at most one UPDATE per LAST_USED_FLUSH_MS for all keys used.
 import type { Request, Response, NextFunction, RequestHandler } from 'express';
 import type { Deps } from '../deps.ts';
 import { ServiceError } from '../core/errors.ts';
 import { parseApiKey, verifyApiKeySecret, looksLikeSarsenKey } from '../core/api-keys.ts';
 import { findKeyForAuth, recordKeysUsed, type Grant, type KeyForAuth } from '../db/api-keys.ts';
+import type { KeyLimits } from '../db/rate-limits.ts';
 import { logger, errorFields } from '../log.ts';
 
 export const KEY_TTL_MS = 5_000;
@@ -26,6 +27,10 @@ export type ServiceAuth = Readonly<{
   apiKeyId: string;
   apiKeyPrefix: string;
   grants: readonly Grant[];
+  /** The key's rate limits; null when it has none. */
+  limits: KeyLimits | null;
+  /** The namespace's response cache life; null when the cache is off. */
+  cacheTtlMinutes: number | null;
 }>;
 
 /** The caller's identity on a route behind serviceAuth. */
@@ -102,16 +107,16 @@ function createAuthenticator(deps: Deps): Authenticator {
 }
 
 function authenticatorFor(deps: Deps): Authenticator {
-  let a = authenticators.get(deps);
-  if (!a) authenticators.set(deps, (a = createAuthenticator(deps)));
-  return a;
+  let authenticator = authenticators.get(deps);
+  if (!authenticator) authenticators.set(deps, (authenticator = createAuthenticator(deps)));
+  return authenticator;
 }
 
 /** Writes pending last-used times and releases the cache (at shutdown). */
 export async function closeServiceAuth(deps: Deps): Promise<void> {
-  const a = authenticators.get(deps);
+  const authenticator = authenticators.get(deps);
   authenticators.delete(deps);
-  await a?.close();
+  await authenticator?.close();
 }
 
 function header(req: Request, name: string): string | undefined {
@@ -137,7 +142,7 @@ function forwardsSarsenKey(req: Request, sarsenHeaderSent: boolean): boolean {
 // One error for every kind of bad key, so an answer never tells which kind it was.
 const unauthorised = () => new ServiceError('unauthorised');
 
-async function authenticate(deps: Deps, a: Authenticator, req: Request, grant: Grant): Promise<ServiceAuth> {
+async function authenticate(deps: Deps, authenticator: Authenticator, req: Request, grant: Grant): Promise<ServiceAuth> {
   const sarsenHeader = header(req, 'x-sarsen-key');
   if (forwardsSarsenKey(req, sarsenHeader !== undefined)) throw new ServiceError('sarsen_key_forwarded');
   let presented: string | undefined;
@@ -149,7 +154,7 @@ async function authenticate(deps: Deps, a: Authenticator, req: Request, grant: G
   }
   const parsed = presented === undefined ? null : parseApiKey(presented);
   if (parsed === null) throw unauthorised();
-  const key = await a.lookup(parsed.prefix);
+  const key = await authenticator.lookup(parsed.prefix);
   if (
     key === null ||
     key.revoked ||
@@ -162,7 +167,7 @@ async function authenticate(deps: Deps, a: Authenticator, req: Request, grant: G
   if (!key.grants.includes(grant)) {
     throw new ServiceError('forbidden', `The key has no "${grant}" grant on this namespace.`);
   }
-  a.touch(key.api_key_id);
+  authenticator.touch(key.api_key_id);
   return Object.freeze({
     tenancyId: key.tenancy_id,
     tenancySlug: key.tenancy_slug,
@@ -171,6 +176,11 @@ async function authenticate(deps: Deps, a: Authenticator, req: Request, grant: G
     apiKeyId: key.api_key_id,
     apiKeyPrefix: key.prefix,
     grants: Object.freeze([...key.grants]),
+    limits:
+      key.requests_per_minute === null && key.tokens_per_minute === null
+        ? null
+        : Object.freeze({ requestsPerMinute: key.requests_per_minute, tokensPerMinute: key.tokens_per_minute }),
+    cacheTtlMinutes: key.cache_ttl_minutes,
   });
 }
 
@@ -180,9 +190,9 @@ async function authenticate(deps: Deps, a: Authenticator, req: Request, grant: G
  * `res.locals.auth` (see serviceAuthOf) when the key is valid for them and holds `grant`.
  */
 export function serviceAuth(deps: Deps, grant: Grant): RequestHandler {
-  const a = authenticatorFor(deps);
+  const authenticator = authenticatorFor(deps);
   return (req: Request, res: Response, next: NextFunction) => {
-    authenticate(deps, a, req, grant).then((auth) => {
+    authenticate(deps, authenticator, req, grant).then((auth) => {
       res.locals.auth = auth;
       next();
     }, next);

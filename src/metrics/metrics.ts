@@ -17,7 +17,8 @@ const histogram = (name: string, help: string, buckets: number[], labelNames: st
 // Seconds: from a millisecond up to the five-minute synchronous hold.
 const LATENCY = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 
-const submissions = counter('sarsen_submissions_total', 'Submissions by route, dialect and outcome (new execution, attached, refused with its error code).', ['route', 'dialect', 'outcome', 'code']);
+const submissions = counter('sarsen_submissions_total', 'Submissions by route, dialect and outcome (new execution, attached, cached: answered from the response cache, refused with its error code).', ['route', 'dialect', 'outcome', 'code']);
+const rateLimited = counter('sarsen_rate_limited_total', 'Submissions refused by their key\'s rate limit (429 rate_limited), by the limit reached (requests, tokens).', ['limit']);
 const heldTooLong = counter('sarsen_held_too_long_total', 'Synchronous waits that ended in 504 held_too_long.', ['route']);
 const httpRequests = histogram('sarsen_http_request_duration_seconds', 'HTTP requests by route pattern, method and status class, and how long they took.', LATENCY, ['route', 'method', 'status_class']);
 const providerCalls = histogram('sarsen_provider_call_duration_seconds', 'Provider calls by backend kind and status class (transport: no HTTP answer), time to the response headers.', LATENCY, ['backend_kind', 'status_class']);
@@ -36,10 +37,14 @@ const busReconnects = counter('sarsen_bus_reconnects_total', 'Times the event bu
 const sweeps = counter('sarsen_sweeps_total', 'Sweep passes by sweep (recovery, retention) and result (ok, failed).', ['sweep', 'result']);
 const swept = counter('sarsen_swept_total', 'What sweeps did: recovered requests, and expired records, claims, listing rows and ledger entries.', ['kind']);
 
-export type SubmissionOutcome = 'new' | 'attached' | 'refused';
+export type SubmissionOutcome = 'new' | 'attached' | 'cached' | 'refused';
 
 export function countSubmission(route: string, dialect: string, outcome: SubmissionOutcome, code = ''): void {
   submissions.inc({ route, dialect, outcome, code });
+}
+
+export function countRateLimited(limit: 'requests' | 'tokens'): void {
+  rateLimited.inc({ limit });
 }
 
 export function countHeldTooLong(route: string): void {
@@ -166,4 +171,43 @@ export function registerRequestStates(source: StateCounts): () => void {
 
 export async function exposition(): Promise<{ contentType: string; body: string }> {
   return { contentType: registry.contentType, body: await registry.metrics() };
+}
+
+type Counts = Readonly<Record<string, number>>;
+const connectionSources = new Map<() => Counts | null, Counts>();
+
+const byPurpose = (pick: (open: Counts, budget: Counts) => Counts) => {
+  const sum = new Map<string, number>();
+  for (const [open, budget] of connectionSources) {
+    for (const [purpose, n] of Object.entries(pick(open() ?? {}, budget))) sum.set(purpose, (sum.get(purpose) ?? 0) + n);
+  }
+  return sum;
+};
+
+new client.Gauge({
+  name: 'sarsen_database_connections',
+  help: 'Database connections this process holds now, by purpose (main pool, bus, graphile-worker queue, group-commit writers; other: startup migrations).',
+  labelNames: ['purpose'],
+  registers: [registry],
+  collect() {
+    this.reset();
+    for (const [purpose, n] of byPurpose((open) => open)) this.set({ purpose }, n);
+  },
+});
+
+new client.Gauge({
+  name: 'sarsen_database_connections_budget',
+  help: 'The most database connections this process may hold, by purpose (--database-connections split by role).',
+  labelNames: ['purpose'],
+  registers: [registry],
+  collect() {
+    this.reset();
+    for (const [purpose, n] of byPurpose((_, budget) => budget)) this.set({ purpose }, n);
+  },
+});
+
+/** Reports a process's open connections (read at scrape time) and its budget until the returned function is called. */
+export function registerConnections(open: () => Counts | null, budget: Counts): () => void {
+  connectionSources.set(open, budget);
+  return () => void connectionSources.delete(open);
 }

@@ -1,17 +1,18 @@
 // /{tenancy}/v1/namespaces/{ns}/api-keys (viewers read, admins write). The whole key is
 // answered once, at creation; only an HMAC of its secret is stored. DELETE revokes: the row
-// stays, because requests and the ledger still name the key.
+// stays, because requests and the ledger still name the key. PATCH changes a live key's rate
+// limits, the one thing about a key that is not fixed when it is issued.
 import { z } from 'zod';
 import type { Router } from 'express';
 import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
 import { generateApiKey, hashApiKeySecret } from '../../core/api-keys.ts';
-import { insertApiKey, findApiKey, listApiKeys, revokeApiKey, type ApiKeyRow, type Grant } from '../../db/api-keys.ts';
+import { insertApiKey, findApiKey, listApiKeys, revokeApiKey, setApiKeyLimits, type ApiKeyRow, type Grant, type StoredLimits } from '../../db/api-keys.ts';
 import { isUniqueViolation } from '../../db/pg-errors.ts';
 import { consoleAuth } from './console-auth.ts';
 import { namespaceParam, namespaceOf } from './namespaces.ts';
-import { readPayload, text, spendLimit, isoTime } from './validate.ts';
+import { readPayload, text, spendLimit, keyLimits, isoTime } from './validate.ts';
 
 const grants = z
   .array(z.enum(['use', 'manage']))
@@ -24,6 +25,15 @@ export const createSchema = z.strictObject({
   name: text(100),
   grants,
   spend_limit: spendLimit.optional(),
+  limits: keyLimits.optional(),
+});
+
+export const patchSchema = z.strictObject({ limits: keyLimits });
+
+/** The stored form of a payload's limits: what it leaves out is off. */
+export const storedLimits = (limits: z.output<typeof keyLimits> | undefined): StoredLimits => ({
+  requests_per_minute: limits?.requests_per_minute ?? null,
+  tokens_per_minute: limits?.tokens_per_minute ?? null,
 });
 
 // A prefix collision among 62^8 is rare; a few fresh draws settle it.
@@ -36,6 +46,7 @@ export function keyView(k: ApiKeyRow) {
     name: k.name,
     grants: k.grants,
     spend_limit: k.spend_limit,
+    limits: { requests_per_minute: k.requests_per_minute, tokens_per_minute: k.tokens_per_minute },
     created_at: isoTime(k.created_at),
     last_used_at: isoTime(k.last_used_at),
     revoked_at: isoTime(k.revoked_at),
@@ -67,6 +78,7 @@ export function apiKeyRoutes(deps: Deps, router: Router): void {
           secret_hash: hashApiKeySecret(deps.secrets.apiKeyHashKey, generated.prefix, generated.secret),
           grants: ordered,
           spend_limit: body.spend_limit ?? null,
+          ...storedLimits(body.limits),
         });
         // A lookup of this prefix may have been cached as unknown: forget it.
         deps.bus.publishLocal({ k: 'api-key', prefix: row.prefix });
@@ -85,6 +97,15 @@ export function apiKeyRoutes(deps: Deps, router: Router): void {
   router.get(one, consoleAuth(deps, 'viewer'), namespaceParam(deps), async (req, res) => {
     const k = await findApiKey(deps.pool, namespaceOf(res).id, String(req.params.api_key_id));
     if (k === null) throw missing();
+    res.json(keyView(k));
+  });
+
+  router.patch(one, consoleAuth(deps, 'admin'), namespaceParam(deps), async (req, res) => {
+    const body = await readPayload(req, patchSchema);
+    const k = await setApiKeyLimits(deps.pool, namespaceOf(res).id, String(req.params.api_key_id), storedLimits(body.limits));
+    if (k === null) throw new ServiceError('not_found', 'No such live API key in this namespace.');
+    // This process at once; the others hear the trigger's NOTIFY.
+    deps.bus.publishLocal({ k: 'api-key', prefix: k.prefix });
     res.json(keyView(k));
   });
 

@@ -1,4 +1,4 @@
-// Console sessions (DESIGN.md "Control plane"): sign-in, sign-out, the password change, and
+// Console sessions (docs/administration.md "Sessions"): sign-in, sign-out, the password change, and
 // the middleware every administration route runs first. A session token is `ses_` and 32
 // random bytes; only its SHA-256 is stored.
 import crypto from 'node:crypto';

@@ -1,5 +1,6 @@
-// The administration routes under /{tenancy}/v1/... (DESIGN.md "Control plane"). Each route
-// carries its own session check, so unknown paths still fall through to the 404 handler.
+// The administration routes under /{tenancy}/v1/... (docs/administration.md "Administration
+// routes"). Each route carries its own session check, so unknown paths still fall through to the
+// 404 handler.
 import express, { type Router } from 'express';
 import type { Deps } from '../../deps.ts';
 import { sessionRoutes } from './console-auth.ts';

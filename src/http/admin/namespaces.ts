@@ -17,7 +17,7 @@ import {
 import { isUniqueViolation, isForeignKeyViolation } from '../../db/pg-errors.ts';
 import { routingChanged } from '../../control/resolve-model.ts';
 import { consoleAuth, consoleOf } from './console-auth.ts';
-import { readPayload, retentionMinutes, spendLimit, isoTime } from './validate.ts';
+import { readPayload, retentionMinutes, spendLimit, cacheTtlMinutes, isoTime } from './validate.ts';
 
 const name = z
   .string()
@@ -27,11 +27,13 @@ export const createSchema = z.strictObject({
   name,
   retention_minutes: retentionMinutes.optional(),
   spend_limit: spendLimit.optional(),
+  cache_ttl_minutes: cacheTtlMinutes.optional(),
 });
 
 export const patchSchema = z.strictObject({
   retention_minutes: retentionMinutes.optional(),
   spend_limit: spendLimit.optional(),
+  cache_ttl_minutes: cacheTtlMinutes.optional(),
 });
 
 export function namespaceView(deps: Deps, n: NamespaceRow) {
@@ -45,6 +47,7 @@ export function namespaceView(deps: Deps, n: NamespaceRow) {
       metadataHorizonMinutes: deps.settings.current().metadata_horizon_minutes,
     }),
     spend_limit: n.spend_limit,
+    cache_ttl_minutes: n.cache_ttl_minutes,
     created_at: isoTime(n.created_at),
   };
 }
@@ -81,6 +84,7 @@ export function namespaceRoutes(deps: Deps, router: Router): void {
         name: body.name,
         retention_minutes: body.retention_minutes ?? null,
         spend_limit: body.spend_limit ?? null,
+        cache_ttl_minutes: body.cache_ttl_minutes ?? null,
       });
       res.status(201).json(namespaceView(deps, n));
     } catch (err) {
@@ -98,6 +102,9 @@ export function namespaceRoutes(deps: Deps, router: Router): void {
     const patch = await readPayload(req, patchSchema);
     const n = await updateNamespace(deps.pool, namespaceOf(res).id, patch);
     if (n === null) throw new ServiceError('not_found');
+    // Acceptance reads the cache life with the key: this process forgets its keys at once, the
+    // others on the trigger's NOTIFY.
+    if (patch.cache_ttl_minutes !== undefined) deps.bus.publishLocal({ k: 'api-key' });
     res.json(namespaceView(deps, n));
   });
 

@@ -40,16 +40,16 @@ export const patchSchema = z.strictObject({
   action: action.optional(),
 });
 
-export function ruleView(r: RuleRow) {
+export function ruleView(rule: RuleRow) {
   return {
-    rule_id: r.id,
-    model: r.model,
-    backend_id: r.backend_id,
-    fallback_backend_ids: r.fallback_backend_ids,
-    rewrite_model: r.rewrite_model,
-    priority: r.priority,
-    action: r.action,
-    created_at: isoTime(r.created_at),
+    rule_id: rule.id,
+    model: rule.model,
+    backend_id: rule.backend_id,
+    fallback_backend_ids: rule.fallback_backend_ids,
+    rewrite_model: rule.rewrite_model,
+    priority: rule.priority,
+    action: rule.action,
+    created_at: isoTime(rule.created_at),
   };
 }
 
@@ -58,26 +58,26 @@ export function ruleView(r: RuleRow) {
  * (src/control/fallback-chains.ts); a decline names none. The backends are share-locked, so an
  * edit or deletion of one waits for this rule and then checks against it.
  */
-async function checkedRule(tx: PoolClient, namespaceId: string, r: RuleFields): Promise<RuleFields> {
-  if (r.action === 'decline') {
-    if (r.backend_id !== null) throw new ServiceError('bad_request', 'backend_id: a declining rule routes nowhere; leave it out');
-    if (r.fallback_backend_ids?.length) throw new ServiceError('bad_request', 'fallback_backend_ids: a declining rule routes nowhere; leave it out');
-    if (r.rewrite_model !== null) throw new ServiceError('bad_request', 'rewrite_model: a declining rule rewrites nothing; leave it out');
-    return r;
+async function checkedRule(tx: PoolClient, namespaceId: string, rule: RuleFields): Promise<RuleFields> {
+  if (rule.action === 'decline') {
+    if (rule.backend_id !== null) throw new ServiceError('bad_request', 'backend_id: a declining rule routes nowhere; leave it out');
+    if (rule.fallback_backend_ids?.length) throw new ServiceError('bad_request', 'fallback_backend_ids: a declining rule routes nowhere; leave it out');
+    if (rule.rewrite_model !== null) throw new ServiceError('bad_request', 'rewrite_model: a declining rule rewrites nothing; leave it out');
+    return rule;
   }
-  if (r.backend_id === null) throw new ServiceError('bad_request', 'backend_id: required when action is "route"');
-  const primary = await lockBackend(tx, namespaceId, r.backend_id, 'share');
-  if (primary === null) throw new ServiceError('not_found', `No backend ${JSON.stringify(r.backend_id)} in this namespace.`);
-  const seen = new Set([r.backend_id]);
-  for (const id of r.fallback_backend_ids ?? []) {
+  if (rule.backend_id === null) throw new ServiceError('bad_request', 'backend_id: required when action is "route"');
+  const primary = await lockBackend(tx, namespaceId, rule.backend_id, 'share');
+  if (primary === null) throw new ServiceError('not_found', `No backend ${JSON.stringify(rule.backend_id)} in this namespace.`);
+  const seen = new Set([rule.backend_id]);
+  for (const id of rule.fallback_backend_ids ?? []) {
     if (seen.has(id)) throw new ServiceError('bad_request', `fallback_backend_ids: ${JSON.stringify(id)} is named twice (or is the rule's backend)`);
     seen.add(id);
-    const b = await lockBackend(tx, namespaceId, id, 'share');
-    if (b === null) throw new ServiceError('not_found', `No backend ${JSON.stringify(id)} in this namespace.`);
-    const why = fallbackMismatch(primary, b);
+    const fallback = await lockBackend(tx, namespaceId, id, 'share');
+    if (fallback === null) throw new ServiceError('not_found', `No backend ${JSON.stringify(id)} in this namespace.`);
+    const why = fallbackMismatch(primary, fallback);
     if (why !== null) throw new ServiceError('unprocessable_entity', `fallback_backend_ids: ${JSON.stringify(id)} ${why}.`);
   }
-  return r;
+  return rule;
 }
 
 const missing = () => new ServiceError('not_found', 'No such routing rule in this namespace.');
@@ -115,9 +115,9 @@ export function routingRuleRoutes(deps: Deps, router: Router): void {
   });
 
   router.get(one, consoleAuth(deps, 'viewer'), namespaceParam(deps), async (req, res) => {
-    const r = await findRule(deps.pool, namespaceOf(res).id, String(req.params.rule_id));
-    if (r === null) throw missing();
-    res.json(ruleView(r));
+    const rule = await findRule(deps.pool, namespaceOf(res).id, String(req.params.rule_id));
+    if (rule === null) throw missing();
+    res.json(ruleView(rule));
   });
 
   router.patch(one, consoleAuth(deps, 'admin'), namespaceParam(deps), async (req, res) => {

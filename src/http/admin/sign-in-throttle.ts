@@ -1,10 +1,11 @@
-// The sign-in throttle (README "Sign-in throttling"): every attempt counts against its account
-// and its client address before the password is checked; past either limit within the window
-// the answer is 429 with Retry-After, the same whether or not the account exists.
+// The sign-in throttle (docs/administration.md "Sign-in throttling"): every attempt counts against
+// its account and client address together and its address, and, unless refused, its account,
+// before the password is checked; past a limit (see refusal in core) the answer is 429 with
+// Retry-After, the same whether or not the account exists.
 import type { Request, Response } from 'express';
 import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
-import { clientAddress, throttleKeys } from '../../core/sign-in-throttle.ts';
+import { clientAddress, refusal, throttleKeys } from '../../core/sign-in-throttle.ts';
 import { countAttempt, attemptSucceeded } from '../../db/sign-in-attempts.ts';
 
 export type Counted = { succeeded(): Promise<void> };
@@ -14,14 +15,11 @@ export async function countSignIn(deps: Deps, req: Request, res: Response, email
   const s = deps.settings.current();
   const address = clientAddress(req.socket.remoteAddress, req.headers['x-forwarded-for'], s.trusted_proxy_hops);
   const keys = throttleKeys(deps.secrets.apiKeyHashKey, { tenancy: String(req.params.tenancy), email, address });
-  const [account, byAddress] = await countAttempt(deps.pool, [keys.account, keys.address], s.sign_in_window_ms);
-  const over = [
-    account!.attempts > s.sign_in_failures_per_account ? account!.retryAfterSeconds : 0,
-    byAddress!.attempts > s.sign_in_failures_per_address ? byAddress!.retryAfterSeconds : 0,
-  ];
-  if (over.some((seconds) => seconds > 0)) {
-    res.set('retry-after', String(Math.max(...over)));
+  const limits = { perAccountAddress: s.sign_in_failures_per_account_address, perAddress: s.sign_in_failures_per_address, perAccount: s.sign_in_failures_per_account };
+  const wait = await countAttempt(deps.pool, keys, s.sign_in_window_ms, (counts) => refusal(counts, limits));
+  if (wait > 0) {
+    res.set('retry-after', String(wait));
     throw new ServiceError('too_many_attempts');
   }
-  return { succeeded: () => attemptSucceeded(deps.pool, keys.account, keys.address) };
+  return { succeeded: () => attemptSucceeded(deps.pool, keys.pair, [keys.account, keys.address]) };
 }

@@ -13,32 +13,32 @@ export const patchSchema = z.strictObject({
   retention_minutes: retentionMinutes.optional(),
 });
 
-export function tenancyView(deps: Deps, t: TenancyRow) {
+export function tenancyView(deps: Deps, tenancy: TenancyRow) {
   return {
-    tenancy_id: t.id,
-    slug: t.slug,
-    display_name: t.display_name,
-    retention_minutes: t.retention_minutes,
+    tenancy_id: tenancy.id,
+    slug: tenancy.slug,
+    display_name: tenancy.display_name,
+    retention_minutes: tenancy.retention_minutes,
     // What a namespace that names no horizon of its own gets.
     effective_retention_minutes: effectiveRetentionMinutes({
       namespaceMinutes: null,
-      tenancyMinutes: t.retention_minutes,
+      tenancyMinutes: tenancy.retention_minutes,
       metadataHorizonMinutes: deps.settings.current().metadata_horizon_minutes,
     }),
-    created_at: isoTime(t.created_at),
+    created_at: isoTime(tenancy.created_at),
   };
 }
 
 export function tenancyRoutes(deps: Deps, router: Router): void {
   router.get('/:tenancy/v1/tenancy', consoleAuth(deps, 'owner'), async (_req, res) => {
-    const t = await findTenancy(deps.pool, consoleOf(res).user.tenancy_id);
-    if (t === null) throw new ServiceError('not_found');
-    res.json(tenancyView(deps, t));
+    const tenancy = await findTenancy(deps.pool, consoleOf(res).user.tenancy_id);
+    if (tenancy === null) throw new ServiceError('not_found');
+    res.json(tenancyView(deps, tenancy));
   });
   router.patch('/:tenancy/v1/tenancy', consoleAuth(deps, 'owner'), async (req, res) => {
     const patch = await readPayload(req, patchSchema);
-    const t = await updateTenancy(deps.pool, consoleOf(res).user.tenancy_id, patch);
-    if (t === null) throw new ServiceError('not_found');
-    res.json(tenancyView(deps, t));
+    const tenancy = await updateTenancy(deps.pool, consoleOf(res).user.tenancy_id, patch);
+    if (tenancy === null) throw new ServiceError('not_found');
+    res.json(tenancyView(deps, tenancy));
   });
 }

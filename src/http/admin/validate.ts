@@ -52,6 +52,19 @@ export const retentionMinutes = z.number().int('must be an integer').min(0, 'mus
 /** A spend cap in micro-credits: an integer ≥ 0, or null for none. */
 export const spendLimit = z.number().int('must be an integer').min(0, 'must be 0 or more').max(Number.MAX_SAFE_INTEGER).nullable();
 
+const perMinute = z.number().int('must be an integer').min(1, 'must be 1 or more').nullable();
+
+/** A key's rate limits; a limit left out or null is off (docs/administration.md "Rate limits"). */
+export const keyLimits = z
+  .strictObject({
+    requests_per_minute: perMinute.refine((n) => n === null || n <= INT4_MAX, `must be at most ${INT4_MAX}`).optional(),
+    tokens_per_minute: perMinute.refine((n) => n === null || n <= Number.MAX_SAFE_INTEGER, 'is too large').optional(),
+  })
+  .nullable();
+
+/** Minutes an answer may be served from the response cache: an integer ≥ 1, or null for no cache. */
+export const cacheTtlMinutes = z.number().int('must be an integer').min(1, 'must be 1 or more (null turns the cache off)').max(INT4_MAX).nullable();
+
 export const EMAIL_MAX = 254;
 // eslint-disable-next-line no-control-regex
 const EMAIL_RE = /^[^\s@\u0000-\u001f\u007f]+@[^\s@\u0000-\u001f\u007f]+$/;

@@ -14,9 +14,10 @@ import * as tn from '../admin/tenancy.ts';
 import { signInSchema, passwordChangeSchema } from '../admin/console-auth.ts';
 import * as s from './schemas.ts';
 import { STATUSES } from '../../core/listing-filter.ts';
+import { DIALECTS } from '../../core/dialects.ts';
 
 type Auth = 'session' | 'key_use' | 'key_manage' | 'none' | 'metrics';
-type Answer = { status: number; description: string; schema?: z.ZodType; sse?: boolean };
+type Answer = { status: number; description: string; schema?: z.ZodType; sse?: boolean; ndjson?: boolean };
 type Operation = {
   method: 'get' | 'post' | 'patch' | 'delete';
   path: string; // express syntax: /:tenancy/v1/...
@@ -25,6 +26,7 @@ type Operation = {
   auth: Auth;
   body?: z.ZodType;
   query?: Record<string, { schema: z.ZodType; description: string }>;
+  headers?: Record<string, { schema: z.ZodType; description: string }>;
   answers: Answer[];
   errors: ErrorCode[];
 };
@@ -43,8 +45,15 @@ const WRITE: ErrorCode[] = [...SESSION, 'bad_request', 'unsupported_media_type',
 const KEY: ErrorCode[] = ['unauthorised', 'provider_credential', 'sarsen_key_forwarded', 'forbidden', 'not_found', 'internal'];
 const SUBMIT: ErrorCode[] = [
   ...KEY, 'bad_request', 'unsupported_media_type', 'body_too_large', 'caller_credential_missing', 'insufficient_credits',
-  'spend_limit_reached', 'unprocessable_entity', 'passthrough_disabled', 'loop_detected',
+  'spend_limit_reached', 'unprocessable_entity', 'passthrough_disabled', 'loop_detected', 'rate_limited',
 ];
+// What a submission may ask of the namespace's response cache.
+const cacheHeader = {
+  'X-Sarsen-Cache': {
+    schema: z.string().regex(/^(no-store|max-age=\d+)$/i),
+    description: 'no-store: the response cache neither answers nor keeps this submission; max-age=N: serve only an answer at most N seconds old (shortens the namespace\'s cache life, never lengthens it)',
+  },
+};
 const SYNC: ErrorCode[] = [...SUBMIT, 'upstream_failed', 'held_too_long'];
 const page = {
   limit: { schema: z.number().int().min(1).max(200).default(50), description: 'rows to return, 1-200 (anything else is 400, never clamped)' },
@@ -53,10 +62,17 @@ const page = {
 // The listing's filters: each optional, all given must match; a cursor continues only the
 // listing with the same filters (any other is 400). Instants: epoch ms or ISO 8601 with offset.
 const instant = z.union([z.number().int().min(0), z.string()]);
+const exportQuery = {
+  since: { schema: instant, description: 'records created at or after this instant' },
+  until: { schema: instant, description: 'records created before this instant; default when the export starts' },
+  with_payloads: { schema: z.enum(['true', 'false']).default('false'), description: 'add each record\'s body, answer and stream' },
+  after: { schema: z.string(), description: 'continue after this request id (the last line a previous export wrote)' },
+};
 const listingQuery = {
   ...page,
   status: { schema: z.enum(STATUSES), description: 'only requests in this status' },
   model: { schema: z.string().min(1).max(512), description: 'only requests for this model, as the caller named it' },
+  dialect: { schema: z.enum(DIALECTS), description: 'only requests of this dialect' },
   api_key_id: { schema: z.string(), description: 'only requests submitted with this key (key_...)' },
   created_since: { schema: instant, description: 'only requests created at or after this instant (epoch milliseconds or ISO 8601 with offset)' },
   created_before: { schema: instant, description: 'only requests created before this instant (epoch milliseconds or ISO 8601 with offset)' },
@@ -92,7 +108,7 @@ export const OPERATIONS: readonly Operation[] = [
   { method: 'get', path: `${T}/namespaces`, summary: 'List namespaces', tag: 'Namespaces', auth: 'session', answers: [ok(data(s.namespace))], errors: SESSION },
   { method: 'post', path: `${T}/namespaces`, summary: 'Create a namespace', tag: 'Namespaces', auth: 'session', body: ns.createSchema, answers: [created(s.namespace)], errors: [...WRITE, 'conflict'] },
   { method: 'get', path: NS, summary: 'Read a namespace', tag: 'Namespaces', auth: 'session', answers: [ok(s.namespace)], errors: SESSION },
-  { method: 'patch', path: NS, summary: 'Change retention or spend limit', tag: 'Namespaces', auth: 'session', body: ns.patchSchema, answers: [ok(s.namespace)], errors: WRITE },
+  { method: 'patch', path: NS, summary: 'Change retention, spend limit or the response cache\'s life', tag: 'Namespaces', auth: 'session', body: ns.patchSchema, answers: [ok(s.namespace)], errors: WRITE },
   { method: 'delete', path: NS, summary: 'Delete a namespace with its backends, rules and keys', tag: 'Namespaces', auth: 'session', answers: [noContent('Deleted')], errors: [...SESSION, 'conflict'] },
 
   ...namespaced('backends', 'Backends', 'backend_id', s.backend, bk.createSchema, bk.patchSchema, ['conflict', 'backend_host_refused', 'passthrough_disabled'], ['unprocessable_entity']),
@@ -101,6 +117,7 @@ export const OPERATIONS: readonly Operation[] = [
   { method: 'get', path: `${NS}/api-keys`, summary: 'List API keys', tag: 'API keys', auth: 'session', answers: [ok(data(s.apiKey))], errors: SESSION },
   { method: 'post', path: `${NS}/api-keys`, summary: 'Issue an API key (the whole key is answered once)', tag: 'API keys', auth: 'session', body: ak.createSchema, answers: [created(s.createdApiKey)], errors: [...WRITE, 'conflict'] },
   { method: 'get', path: `${NS}/api-keys/:api_key_id`, summary: 'Read an API key', tag: 'API keys', auth: 'session', answers: [ok(s.apiKey)], errors: SESSION },
+  { method: 'patch', path: `${NS}/api-keys/:api_key_id`, summary: 'Change a live key\'s rate limits (grants and spend limit are fixed when a key is issued)', tag: 'API keys', auth: 'session', body: ak.patchSchema, answers: [ok(s.apiKey)], errors: WRITE },
   { method: 'delete', path: `${NS}/api-keys/:api_key_id`, summary: 'Revoke an API key', tag: 'API keys', auth: 'session', answers: [noContent('Revoked')], errors: SESSION },
 
   { method: 'get', path: `${NS}/route`, summary: 'Which routing rule takes a model (the router\'s own precedence)', tag: 'Routing rules', auth: 'session', query: { model: { schema: z.string(), description: 'the model a caller would send' } }, answers: [ok(s.routeMatch)], errors: [...SESSION, 'bad_request'] },
@@ -121,10 +138,12 @@ export const OPERATIONS: readonly Operation[] = [
   { method: 'get', path: `${T}/billing`, summary: 'Balance and metering', tag: 'Billing', auth: 'session', answers: [ok(s.billing)], errors: SESSION },
   { method: 'get', path: `${T}/billing/ledger`, summary: 'Ledger entries, newest first', tag: 'Billing', auth: 'session', query: page, answers: [ok(s.ledgerPage)], errors: [...SESSION, 'bad_request'] },
 
-  { method: 'post', path: `${SVC}/chat/completions`, summary: 'Chat dialect: holds the connection and answers the provider\'s response (or its stream)', tag: 'Service', auth: 'key_use', body: s.providerBody, answers: [ok(s.providerAnswer, "The provider's answer; with \"stream\": true, its SSE stream"), { status: 200, description: 'The provider\'s own stream', sse: true }], errors: SYNC },
-  { method: 'post', path: `${SVC}/messages`, summary: 'Messages dialect: likewise', tag: 'Service', auth: 'key_use', body: s.providerBody, answers: [ok(s.providerAnswer, "The provider's answer; with \"stream\": true, its SSE stream"), { status: 200, description: 'The provider\'s own stream', sse: true }], errors: SYNC },
-  { method: 'post', path: `${SVC}/requests`, summary: 'Submit and return at once; the request runs without the caller', tag: 'Service', auth: 'key_use', body: s.providerBody, query: { dialect: { schema: z.enum(['chat', 'messages']).default('chat'), description: 'the body\'s dialect' } }, answers: [{ status: 202, description: 'Accepted', schema: s.accepted }], errors: SUBMIT },
-  { method: 'get', path: `${SVC}/requests`, summary: 'List requests, newest first, optionally filtered by status, model, key and creation time (manage grant)', tag: 'Service', auth: 'key_manage', query: listingQuery, answers: [ok(s.listing)], errors: [...KEY, 'bad_request'] },
+  { method: 'post', path: `${SVC}/chat/completions`, summary: 'Chat dialect: holds the connection and answers the provider\'s response (or its stream)', tag: 'Service', auth: 'key_use', body: s.providerBody, headers: cacheHeader, answers: [ok(s.providerAnswer, "The provider's answer; with \"stream\": true, its SSE stream"), { status: 200, description: 'The provider\'s own stream', sse: true }], errors: SYNC },
+  { method: 'post', path: `${SVC}/messages`, summary: 'Messages dialect: likewise', tag: 'Service', auth: 'key_use', body: s.providerBody, headers: cacheHeader, answers: [ok(s.providerAnswer, "The provider's answer; with \"stream\": true, its SSE stream"), { status: 200, description: 'The provider\'s own stream', sse: true }], errors: SYNC },
+  { method: 'post', path: `${SVC}/responses`, summary: 'Responses dialect (served by chat backends at {address}/responses): likewise', tag: 'Service', auth: 'key_use', body: s.providerBody, headers: cacheHeader, answers: [ok(s.providerAnswer, "The provider's answer; with \"stream\": true, its SSE stream"), { status: 200, description: 'The provider\'s own stream', sse: true }], errors: SYNC },
+  { method: 'post', path: `${SVC}/requests`, summary: 'Submit and return at once; the request runs without the caller', tag: 'Service', auth: 'key_use', body: s.providerBody, headers: cacheHeader, query: { dialect: { schema: z.enum(DIALECTS).default('chat'), description: 'the body\'s dialect' } }, answers: [{ status: 202, description: 'Accepted', schema: s.accepted }], errors: SUBMIT },
+  { method: 'get', path: `${SVC}/requests`, summary: 'List requests, newest first, optionally filtered by status, model, dialect, key and creation time (manage grant)', tag: 'Service', auth: 'key_manage', query: listingQuery, answers: [ok(s.listing)], errors: [...KEY, 'bad_request'] },
+  { method: 'get', path: `${SVC}/requests/export`, summary: 'Every record, oldest first, as NDJSON streamed as it is read; with with_payloads=true the body, the answer and a stream\'s frames (manage grant)', tag: 'Service', auth: 'key_manage', query: exportQuery, answers: [{ status: 200, description: 'One line per record', schema: s.exportLine, ndjson: true }], errors: [...KEY, 'bad_request'] },
   { method: 'get', path: `${SVC}/requests/:id/summary`, summary: 'One request\'s listing row, kept after the sweep (manage grant)', tag: 'Service', auth: 'key_manage', answers: [ok(s.listingRowSchema)], errors: KEY },
   { method: 'post', path: `${SVC}/requests/:id/cancel`, summary: 'Cancel a request: a pending one ends at once; a running one\'s provider call is aborted (its record ends failed with the `cancelled` error)', tag: 'Service', auth: 'key_use', answers: [ok(s.cancelled, 'Cancelled (now, or earlier)'), { status: 202, description: 'Running: the process holding its attempt aborts it', schema: s.cancelling }], errors: [...KEY, 'conflict'] },
   { method: 'get', path: `${SVC}/requests/:id`, summary: 'A request record; with Accept: text/event-stream its stream replayed (Last-Event-ID resumes)', tag: 'Service', auth: 'key_use', answers: [ok(s.record), { status: 200, description: 'The stored frames with id: lines, then the live tail', sse: true }], errors: [...KEY, 'bad_request', 'record_expired'] },
@@ -165,12 +184,13 @@ function operation(op: Operation, shared: Record<string, unknown>): Record<strin
   const parameters = [
     ...[...op.path.matchAll(/:([A-Za-z_]+)/g)].map((m) => ({ name: m[1], in: 'path', required: true, schema: { type: 'string' } })),
     ...Object.entries(op.query ?? {}).map(([name, q]) => ({ name, in: 'query', required: false, description: q.description, schema: jsonSchema(q.schema, 'input') })),
+    ...Object.entries(op.headers ?? {}).map(([name, h]) => ({ name, in: 'header', required: false, description: h.description, schema: jsonSchema(h.schema, 'input') })),
   ];
   const responses: Record<string, unknown> = {};
   for (const a of op.answers) {
     const content: Record<string, unknown> = (responses[a.status] as { content?: Record<string, unknown> } | undefined)?.content ?? {};
     if (a.sse) content['text/event-stream'] = { schema: { type: 'string' } };
-    else if (a.schema) content['application/json'] = { schema: jsonSchema(a.schema, 'output') };
+    else if (a.schema) content[a.ndjson ? 'application/x-ndjson' : 'application/json'] = { schema: jsonSchema(a.schema, 'output') };
     responses[a.status] = { description: a.description, ...(Object.keys(content).length > 0 ? { content } : {}) };
   }
   const byStatus = new Map<number, ErrorCode[]>();

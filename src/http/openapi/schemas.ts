@@ -2,13 +2,14 @@
 // the function that builds that answer (`documents<ReturnType<typeof view>>()`), so a field
 // added to or dropped from an answer fails `npm run typecheck` until the document follows.
 import { z } from 'zod';
+import { DIALECTS } from '../../core/dialects.ts';
 import type { backendView } from '../admin/backends.ts';
 import type { ruleView } from '../admin/routing-rules.ts';
 import type { keyView } from '../admin/api-keys.ts';
 import type { userView } from '../admin/users.ts';
 import type { namespaceView } from '../admin/namespaces.ts';
 import type { tenancyView } from '../admin/tenancy.ts';
-import type { listingRow } from '../service/accounts.ts';
+import type { listingRow, rateLimitView } from '../service/accounts.ts';
 import type { KeyUsage } from '../../db/accounting.ts';
 import { ERROR_CODES } from '../../core/errors.ts';
 import { ENDINGS } from '../../db/attempt-log.ts';
@@ -38,6 +39,7 @@ export const namespace = documents<ReturnType<typeof namespaceView>>()(
     retention_minutes: z.number().int().nullable(),
     effective_retention_minutes: z.number().int(),
     spend_limit: z.number().int().nullable(),
+    cache_ttl_minutes: z.number().int().nullable().describe('how long an answer may be served from the response cache; null: no cache'),
     created_at: time.nullable(),
   }),
 );
@@ -59,7 +61,7 @@ export const backend = documents<ReturnType<typeof backendView>>()(
     backend_id: id('bk'),
     name: z.string(),
     kind: backendKind,
-    dialect: z.enum(['chat', 'messages']),
+    dialect: z.enum(['chat', 'messages']).describe('fixed by the kind; a chat backend serves the chat and responses dialects'),
     address: z.string(),
     credential_source: z.enum(['stored', 'caller']),
     has_credential: z.boolean(),
@@ -87,6 +89,9 @@ export const apiKey = documents<ReturnType<typeof keyView>>()(
     name: z.string(),
     grants: z.array(z.enum(['use', 'manage'])),
     spend_limit: z.number().int().nullable(),
+    limits: z
+      .object({ requests_per_minute: z.number().int().nullable(), tokens_per_minute: z.number().int().nullable() })
+      .describe('rate limits per minute; null: that limit is off'),
     created_at: time.nullable(),
     last_used_at: time.nullable(),
     revoked_at: time.nullable(),
@@ -145,7 +150,7 @@ export const listingRowSchema = documents<ReturnType<typeof listingRow>>()(
     request_id: id('req'),
     status: z.enum(['pending', 'running', 'succeeded', 'failed']),
     model: z.string(),
-    dialect: z.enum(['chat', 'messages']),
+    dialect: z.enum(DIALECTS),
     streaming: z.boolean(),
     api_key_id: z.string().nullable(),
     api_key_prefix: z.string().nullable(),
@@ -161,9 +166,21 @@ export const listingRowSchema = documents<ReturnType<typeof listingRow>>()(
     started_at: time.nullable(),
     finished_at: time.nullable(),
     expired: z.boolean(),
+    cached_from: z.string().nullable().describe('the request whose stored answer the response cache served; null otherwise'),
   }),
 );
 export const listing = z.object({ data: z.array(listingRowSchema), next_after: z.string().nullable() });
+// A line of GET /requests/export: the listing row, and with with_payloads=true (for a record not
+// swept) its payloads, byte-exact: the body as its exact text, the answer and the stream's frames
+// back to back as base64.
+export const exportLine = listingRowSchema.extend({
+  error_status: z.number().int().nullable(),
+  request_body: z.string().nullable().optional().describe('the request body as sent upstream, exactly'),
+  response_status: z.number().int().optional(),
+  response_content_type: z.string().nullable().optional(),
+  response_base64: z.string().optional().describe('the stored answer (success or error body), base64'),
+  stream_base64: z.string().optional().describe('a streamed answer: its frames as the provider sent them, back to back, base64'),
+});
 
 const keyUsage = documents<KeyUsage>()(
   z.object({
@@ -173,6 +190,17 @@ const keyUsage = documents<KeyUsage>()(
     prompt_tokens: z.number().int().nullable(),
     completion_tokens: z.number().int().nullable(),
     total_tokens: z.number().int().nullable(),
+    cache_hits: z.number().int().describe('submissions answered from the response cache'),
+  }),
+);
+const rateLimit = documents<ReturnType<typeof rateLimitView>>()(
+  z.object({
+    api_key_id: z.string(),
+    requests_per_minute: z.number().int().nullable(),
+    tokens_per_minute: z.number().int().nullable(),
+    window: z
+      .object({ started_at: time, requests: z.number().int(), tokens: z.number().int(), refused: z.number().int() })
+      .describe('the current minute (database clock): requests accepted, tokens charged, submissions refused'),
   }),
 );
 export const usage = z.object({
@@ -182,7 +210,9 @@ export const usage = z.object({
   provider_calls: z.number().int(),
   upstream_sent_bytes: z.number().int(),
   upstream_received_bytes: z.number().int(),
+  cache_hits: z.number().int().describe('submissions answered from the response cache, all-time'),
   api_keys: z.array(keyUsage),
+  rate_limits: z.array(rateLimit).describe('every live key with a rate limit'),
 });
 export const storage = z.object({
   namespace_id: z.string(),
@@ -195,12 +225,13 @@ export const storage = z.object({
 export const record = z.object({
   request_id: id('req'),
   status: z.enum(['pending', 'running', 'succeeded', 'failed']),
-  dialect: z.enum(['chat', 'messages']),
+  dialect: z.enum(DIALECTS),
   streaming: z.boolean(),
   backend_id: z.string().describe('the backend of the latest attempt: after fallbacks, the one that answered'),
   attempts: z.number().int(),
   recoveries: z.number().int(),
   next_retry_at: time.nullable(),
+  cached_from: z.string().optional().describe('only on a request answered from the response cache: the request whose answer it copied'),
   attempt_log: z
     .array(
       z.object({
@@ -221,7 +252,10 @@ export const record = z.object({
   retry_after: z.string().nullable().optional(),
 });
 
-export const accepted = z.object({ request_id: id('req'), status: z.literal('pending') });
+export const accepted = z.object({
+  request_id: id('req'),
+  status: z.enum(['pending', 'running', 'succeeded']).describe('pending for a new request; the status of the request an identical body attached to; succeeded when answered from the response cache'),
+});
 export const cancelled = z.object({ request_id: id('req'), status: z.literal('failed') });
 export const cancelling = z.object({ request_id: id('req'), status: z.literal('running') });
 /** A provider-dialect body: passed upstream as sent (canonicalised), never validated beyond `model`. */

@@ -1,40 +1,53 @@
 // The accounts of a namespace (key with the manage grant): GET /requests (listing),
-// GET /requests/{id}/summary (one listing row), GET /usage and GET /storage (SPEC.md "Listing row", "Usage object", "Storage object").
+// GET /requests/{id}/summary (one listing row), GET /usage and GET /storage (docs/accounting.md
+// "The listing", "A request's summary", "Usage" and "Storage").
 import type { Request, Response, RequestHandler, Router } from 'express';
 import type { Deps } from '../../deps.ts';
 import { serviceAuth, serviceAuthOf } from '../service-auth.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { encodeCursor, decodeCursor } from '../../core/cursor.ts';
 import { parseListingFilter, cursorScope } from '../../core/listing-filter.ts';
-import { listRequests, listingRow as readListingRow, namespaceTotals, usageByKey, type ListingRow } from '../../db/accounting.ts';
+import { listRequests, findListingRow, namespaceTotals, usageByKey, type ListingRow } from '../../db/accounting.ts';
+import { rateWindows, type RateWindow } from '../../db/rate-limits.ts';
 
 export const DEFAULT_LIMIT = 50;
 export const MAX_LIMIT = 200;
 const DAY_MS = 86_400_000;
 
-const iso = (d: Date | null) => (d ? d.toISOString() : null);
+const iso = (date: Date | null) => (date ? date.toISOString() : null);
 
-export function listingRow(r: ListingRow) {
+export function listingRow(row: ListingRow) {
   return {
-    request_id: r.id,
-    status: r.status,
-    model: r.model,
-    dialect: r.dialect,
-    streaming: r.streaming,
-    api_key_id: r.api_key_id,
-    api_key_prefix: r.api_key_prefix,
-    backend_id: r.backend_id,
-    prompt_tokens: r.prompt_tokens,
-    completion_tokens: r.completion_tokens,
-    total_tokens: r.total_tokens,
-    cost: r.cost_micros,
-    stored_bytes: r.stored_bytes,
-    attempts: r.attempts,
-    recoveries: r.recoveries,
-    created_at: iso(r.created_at),
-    started_at: iso(r.started_at),
-    finished_at: iso(r.finished_at),
-    expired: r.expired,
+    request_id: row.id,
+    status: row.status,
+    model: row.model,
+    dialect: row.dialect,
+    streaming: row.streaming,
+    api_key_id: row.api_key_id,
+    api_key_prefix: row.api_key_prefix,
+    backend_id: row.backend_id,
+    prompt_tokens: row.prompt_tokens,
+    completion_tokens: row.completion_tokens,
+    total_tokens: row.total_tokens,
+    cost: row.cost_micros,
+    stored_bytes: row.stored_bytes,
+    attempts: row.attempts,
+    recoveries: row.recoveries,
+    created_at: iso(row.created_at),
+    started_at: iso(row.started_at),
+    finished_at: iso(row.finished_at),
+    expired: row.expired,
+    cached_from: row.cached_from,
+  };
+}
+
+/** A limited key's limits and its current minute (docs/accounting.md "Usage"). */
+export function rateLimitView(w: RateWindow) {
+  return {
+    api_key_id: w.api_key_id,
+    requests_per_minute: w.requests_per_minute,
+    tokens_per_minute: w.tokens_per_minute,
+    window: { started_at: w.window_start.toISOString(), requests: w.requests, tokens: w.tokens, refused: w.refused },
   };
 }
 
@@ -94,7 +107,7 @@ export function accountRoutes(deps: Deps, router: Router, scope: NamespaceScope)
 
   // One request's listing row by id: what a link to a request shows, swept or not.
   router.get(`${base}/requests/:id/summary`, ...guards, async (req: Request, res: Response) => {
-    const row = await readListingRow(deps.pool, scope.namespaceId(res), String(req.params.id));
+    const row = await findListingRow(deps.pool, scope.namespaceId(res), String(req.params.id));
     if (!row) throw new ServiceError('not_found', 'No such request in this namespace.');
     res.json(listingRow(row));
   });
@@ -108,7 +121,11 @@ export function accountRoutes(deps: Deps, router: Router, scope: NamespaceScope)
       since = Number(sinceText);
     }
     // The window starts exactly at `since`, to the millisecond, and `itemised_since` echoes it.
-    const [totals, keys] = await Promise.all([namespaceTotals(deps.pool, auth.namespaceId), usageByKey(deps.pool, auth.namespaceId, new Date(since))]);
+    const [totals, keys, windows] = await Promise.all([
+      namespaceTotals(deps.pool, auth.namespaceId),
+      usageByKey(deps.pool, auth.namespaceId, new Date(since)),
+      rateWindows(deps.pool, auth.namespaceId),
+    ]);
     res.json({
       namespace_id: auth.namespaceId,
       itemised_since: since,
@@ -116,7 +133,9 @@ export function accountRoutes(deps: Deps, router: Router, scope: NamespaceScope)
       provider_calls: totals.provider_calls,
       upstream_sent_bytes: totals.upstream_sent_bytes,
       upstream_received_bytes: totals.upstream_received_bytes,
+      cache_hits: totals.cache_hits,
       api_keys: keys,
+      rate_limits: windows.map(rateLimitView),
     });
   });
 

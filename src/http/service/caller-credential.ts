@@ -1,4 +1,4 @@
-// Caller-credential backends (SPEC.md "Authentication" 8, behind --credential-passthrough):
+// Caller-credential backends (docs/api.md "Authentication", behind --credential-passthrough):
 // the provider credential each call brings, and what of it may be kept.
 import crypto from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';

@@ -1,5 +1,5 @@
-// GET /requests/{id} as JSON (SPEC.md "Request record"): the JSON text is built around the
-// stored answer bytes, so `response` is embedded exactly as stored, never re-serialised.
+// GET /requests/{id} as JSON (docs/api.md "The request record"): the JSON text is built around
+// the stored answer bytes, so `response` is embedded exactly as stored, never re-serialised.
 import type { Request, Response } from 'express';
 import type { Deps } from '../../deps.ts';
 import { readRecord, type RecordRow } from '../../db/requests.ts';
@@ -26,27 +26,30 @@ function asObject(bytes: Buffer, contentType: string | null): string {
   return isJsonObjectText(bytes) ? bytes.toString('utf8') : JSON.stringify({ body: bytes.toString('utf8'), content_type: contentType });
 }
 
-export function recordJson(r: RecordRow): string {
+export function recordJson(record: RecordRow): string {
   const head = JSON.stringify({
-    request_id: r.id,
-    status: r.status,
-    dialect: r.dialect,
-    streaming: r.streaming,
-    backend_id: r.backend_id,
-    attempts: r.attempts,
-    recoveries: r.recoveries,
-    next_retry_at: r.next_retry_at ? r.next_retry_at.toISOString() : null,
-    attempt_log: r.attempt_log,
+    request_id: record.id,
+    status: record.status,
+    dialect: record.dialect,
+    streaming: record.streaming,
+    backend_id: record.backend_id,
+    attempts: record.attempts,
+    recoveries: record.recoveries,
+    next_retry_at: record.next_retry_at ? record.next_retry_at.toISOString() : null,
+    attempt_log: record.attempt_log,
   });
   const tail: string[] = [];
-  if (r.status === 'succeeded' && !r.streaming && r.response_body) {
-    tail.push(`"response":${asObject(r.response_body, r.response_content_type)}`);
+  // Only on a request the response cache answered (docs/api.md "Response cache").
+  if (record.cached_from !== null) tail.push(`"cached_from":${JSON.stringify(record.cached_from)}`);
+  if (record.status === 'succeeded' && !record.streaming && record.response_body) {
+    tail.push(`"response":${asObject(record.response_body, record.response_content_type)}`);
   }
-  if (r.status === 'failed' && r.response_body) {
-    tail.push(`"error":${asObject(r.response_body, r.response_content_type)}`);
-    if (r.error_status !== null) tail.push(`"error_status":${r.error_status}`);
-    // SPEC.md types retry_after as the provider's header verbatim: absent when it sent none.
-    if (r.error_status !== null && r.retry_after !== null) tail.push(`"retry_after":${JSON.stringify(r.retry_after)}`);
+  if (record.status === 'failed' && record.response_body) {
+    tail.push(`"error":${asObject(record.response_body, record.response_content_type)}`);
+    if (record.error_status !== null) tail.push(`"error_status":${record.error_status}`);
+    // retry_after is the provider's header verbatim, absent when it sent none (docs/api.md "The
+    // request record").
+    if (record.error_status !== null && record.retry_after !== null) tail.push(`"retry_after":${JSON.stringify(record.retry_after)}`);
   }
   return tail.length === 0 ? head : `${head.slice(0, -1)},${tail.join(',')}}`;
 }

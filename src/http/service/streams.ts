@@ -1,11 +1,12 @@
 // Answers to callers: a settled request's stored answer, the live answer of a streaming
-// submission (SPEC.md Endpoints rules 5-8) and the replay by id with `id:` lines and
-// Last-Event-ID resume (SPEC.md "Events"). All of them read the request through watch().
+// submission (docs/api.md "Streams") and the replay by id with `id:` lines and
+// Last-Event-ID resume (docs/api.md "Replay"). All of them read the request through watch().
 import type { Request, Response } from 'express';
 import type { BaseDeps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
 import type { StoredAnswer, BodyPages, ChunkRow } from '../../db/requests.ts';
-import { watch, type Watched } from './watch.ts';
+import type { Bytes } from '../../db/columns.ts';
+import { watch, type Watched, type WatchEvent } from './watch.ts';
 
 const KEEP_ALIVE_MS = 15_000;
 // A comment line: not a frame, carries no id, keeps proxies from cutting an idle stream.
@@ -21,26 +22,36 @@ const SSE_HEADERS = {
 const BODY_SLICE = 64 * 1024;
 
 /** The stored answer as the provider gave it: success or refusal byte for byte, or our 502. */
-export async function sendAnswer(res: Response, a: StoredAnswer): Promise<void> {
-  if (a.status === 'failed' && a.errorStatus !== null && a.retryAfter !== null) res.set('retry-after', a.retryAfter);
+export async function sendAnswer(res: Response, answer: StoredAnswer): Promise<void> {
+  if (answer.status === 'failed' && answer.errorStatus !== null && answer.retryAfter !== null) res.set('retry-after', answer.retryAfter);
   // A failure that was not an HTTP answer: the stored body is our own envelope (upstream_failed
   // or cancelled), sent with that code's status.
-  const status = a.status === 'succeeded' ? a.httpStatus : (a.errorStatus ?? a.httpStatus);
-  const contentType = a.status === 'succeeded' ? (a.contentType ?? 'application/json') : 'application/json';
+  const status = answer.status === 'succeeded' ? answer.httpStatus : (answer.errorStatus ?? answer.httpStatus);
+  const contentType = answer.status === 'succeeded' ? (answer.contentType ?? 'application/json') : 'application/json';
   res.status(status).set('content-type', contentType);
-  if (Buffer.isBuffer(a.body)) {
-    res.send(a.body);
+  if (Buffer.isBuffer(answer.body)) {
+    res.send(answer.body);
     return;
   }
-  res.set('content-length', String(a.body.length));
-  for (let from = 0; from < a.body.length && !res.destroyed; from += BODY_SLICE) {
-    await send(res, await a.body.read(from, BODY_SLICE));
+  res.set('content-length', String(answer.body.length));
+  for (let from = 0; from < answer.body.length && !res.destroyed; from += BODY_SLICE) {
+    // Not held while the socket drains (an async function keeps its variables across an await).
+    let slice: Bytes | null = await answer.body.read(from, BODY_SLICE);
+    const ok = write(res, slice);
+    slice = null;
+    if (!ok) await drained(res);
   }
   res.end();
 }
 
 /** A body whole (failures are small: the executor keeps at most 1 MiB of a refusal). */
-const wholeBody = async (body: Buffer | BodyPages): Promise<Buffer> => (Buffer.isBuffer(body) ? body : body.read(0, body.length));
+const wholeBody = async (body: Buffer | BodyPages): Promise<Buffer> => (Buffer.isBuffer(body) ? body : asBuffer(await body.read(0, body.length)));
+
+const asBuffer = (bytes: Bytes): Buffer => (typeof bytes === 'string' ? Buffer.from(bytes, 'latin1') : bytes);
+
+/** Writes bytes read from the database: text as the bytes its characters are (see Bytes). */
+const write = (res: Response, bytes: Bytes, done?: () => void): boolean =>
+  typeof bytes === 'string' ? res.write(bytes, 'latin1', done) : res.write(bytes, done);
 
 /** One SSE event whose data may span lines (each line gets its own `data:`). */
 export function sseEvent(event: string, data: string): string {
@@ -56,7 +67,7 @@ export const SUPERSEDED_EVENT = sseEvent(
 );
 
 /** The stored error as an `event: failed` (no id: a failure is not a place to resume from). */
-const failedEvent = async (a: StoredAnswer): Promise<string> => sseEvent('failed', (await wholeBody(a.body)).toString('utf8'));
+const failedEvent = async (answer: StoredAnswer): Promise<string> => sseEvent('failed', (await wholeBody(answer.body)).toString('utf8'));
 
 /** Resolves once the write buffer drains (or the caller left), so a slow reader is not buffered for. */
 function drained(res: Response): Promise<void> {
@@ -78,22 +89,44 @@ async function send(res: Response, chunk: string | Buffer): Promise<void> {
   if (!res.write(chunk)) await drained(res);
 }
 
-/** Writes frames in one go (the writes of one turn leave in one system call); waits once if the buffer is full. */
-async function sendFrames(res: Response, frames: readonly ChunkRow[], withIds: boolean): Promise<void> {
+type Frames = Extract<WatchEvent, { type: 'frames' }>;
+const SENT: readonly ChunkRow[] = [];
+
+/**
+ * Writes frames (behind `id:` lines in a replay) in one go: the writes of one turn leave in one
+ * system call. Resolves once the buffer drained, if it filled; after a page read from the table,
+ * once the socket took all of it, so that the next page is read only then and no page waits in
+ * memory behind another. Empties the event: it was its page's last holder (see watch.ts).
+ */
+function sendFrames(res: Response, batch: Frames, withIds: boolean): Promise<void> | undefined {
+  const { frames, page } = batch;
+  batch.frames = SENT;
   let ok = true;
-  for (const f of frames) {
-    if (withIds) res.write(`id: ${f.seq}\n`);
-    ok = res.write(f.frame);
+  for (let i = 0; i < frames.length; i++) {
+    if (withIds) res.write(`id: ${frames[i]!.seq}\n`);
+    if (page && i === frames.length - 1) return written(res, (done) => write(res, frames[i]!.frame, done));
+    ok = write(res, frames[i]!.frame);
   }
-  if (!ok) await drained(res);
+  return ok ? undefined : drained(res);
+}
+
+/** Makes the last write of a batch (`writeLast` passes `done` on as its callback) and resolves once the socket took it, or the caller left. */
+function written(res: Response, writeLast: (done: () => void) => void): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off('close', done);
+      resolve();
+    };
+    res.on('close', done);
+    writeLast(done);
+  });
 }
 
 /** An AbortSignal that fires when the caller goes away (a waiter leaving never touches the execution). */
 export function callerLeft(res: Response): AbortSignal {
   const left = new AbortController();
-  // 'close' follows every response; only one that closed unfinished was left. (An abort also
-  // builds a DOMException with its stack: about 1% of the process's CPU at a few thousand
-  // answers a second.)
+  // 'close' follows every response; only one that closed unfinished was left, and only that
+  // one pays for an abort (it builds a DOMException with its stack).
   res.on('close', () => {
     if (!res.writableFinished) left.abort();
   });
@@ -104,10 +137,10 @@ export function callerLeft(res: Response): AbortSignal {
  * The answer of a non-streaming submission: the stored answer once the request settles, or
  * `504 held_too_long` when the hold passes first (the execution continues).
  */
-export async function heldAnswer(deps: BaseDeps, res: Response, r: Watched, holdMs: number, fresh: boolean): Promise<void> {
+export async function heldAnswer(deps: BaseDeps, res: Response, request: Watched, holdMs: number, fresh: boolean): Promise<void> {
   const left = callerLeft(res);
   const deadline = Date.now() + holdMs;
-  for await (const ev of watch(deps, r, { afterSeq: 0, idleMs: holdMs, signal: left, fresh })) {
+  for await (const ev of watch(deps, request, { afterSeq: 0, idleMs: holdMs, signal: left, fresh })) {
     if (ev.type === 'end') return sendAnswer(res, ev.answer);
     if (ev.type === 'idle' && Date.now() >= deadline) break;
   }
@@ -117,7 +150,7 @@ export async function heldAnswer(deps: BaseDeps, res: Response, r: Watched, hold
   }
   throw new ServiceError(
     'held_too_long',
-    `Gave up waiting after ${holdMs} ms; the execution continues as request ${r.id}. Re-send the identical body to attach to it, or read it by id.`,
+    `Gave up waiting after ${holdMs} ms; the execution continues as request ${request.id}. Re-send the identical body to attach to it, or read it by id.`,
   );
 }
 
@@ -126,56 +159,64 @@ export async function heldAnswer(deps: BaseDeps, res: Response, r: Watched, hold
  * `200 text/event-stream` (then the provider's own frames, no `id:` lines); a terminal state
  * answers as the stored outcome does; nothing within the hold is `504 held_too_long`.
  */
-export async function liveStream(deps: BaseDeps, res: Response, r: Watched, holdMs: number, fresh: boolean): Promise<void> {
+export async function liveStream(deps: BaseDeps, res: Response, request: Watched, holdMs: number, fresh: boolean): Promise<void> {
   const left = callerLeft(res);
-  const deadline = Date.now() + holdMs;
-  let started = false;
-  let lastWrite = Date.now();
-  const write = async (chunk: string | Buffer) => {
-    lastWrite = Date.now();
-    await send(res, chunk);
-  };
   // Ticks often enough to keep the hold's deadline; keep-alives only when the stream is quiet.
   const idleMs = Math.max(10, Math.min(holdMs, 1000));
-  following: for (;;) {
-    for await (const ev of watch(deps, r, { afterSeq: 0, idleMs, signal: left, fresh })) {
-      if (ev.type === 'frames') {
-        if (!started) {
-          res.writeHead(200, SSE_HEADERS);
-          started = true;
-        }
-        lastWrite = Date.now();
-        await sendFrames(res, ev.frames, false);
-      } else if (ev.type === 'idle') {
-        if (started && Date.now() - lastWrite >= KEEP_ALIVE_MS) await write(KEEP_ALIVE);
-        if (!started && Date.now() >= deadline) {
-          throw new ServiceError(
-            'held_too_long',
-            `No first item after ${holdMs} ms; the execution continues as request ${r.id}. Re-send the identical body to attach to it, or replay it by id.`,
-          );
-        }
-      } else if (ev.type === 'superseded') {
-        // Nothing sent yet: wait for the new attempt's first frame instead.
-        if (!started) {
-          fresh = false;
-          continue following;
-        }
-        await write(SUPERSEDED_EVENT);
-        break following;
-      } else {
-        if (!started) return sendAnswer(res, ev.answer);
-        if (ev.answer.status === 'failed') await write(await failedEvent(ev.answer));
-        break following;
-      }
-    }
-    break;
+  const first = await firstItem((fromFresh) => watch(deps, request, { afterSeq: 0, idleMs, signal: left, fresh: fromFresh }), fresh, Date.now() + holdMs);
+  switch (first.type) {
+    case 'end':
+      return sendAnswer(res, first.answer);
+    case 'held_too_long':
+      throw new ServiceError(
+        'held_too_long',
+        `No first item after ${holdMs} ms; the execution continues as request ${request.id}. Re-send the identical body to attach to it, or replay it by id.`,
+      );
+    case 'gone':
+      return finish(res, left);
+    case 'frames':
+      res.writeHead(200, SSE_HEADERS);
+      return writeEvents(res, first.rest, { ids: false, keepAliveMs: KEEP_ALIVE_MS, left, first: first.first });
   }
-  if (left.aborted) res.destroy();
-  else res.end();
+}
+
+type FirstItem =
+  /** The first frames, and the watch that carries on after them. */
+  | { type: 'frames'; first: Frames; rest: AsyncGenerator<WatchEvent> }
+  | { type: 'end'; answer: StoredAnswer }
+  | { type: 'held_too_long' }
+  /** The watch ended with nothing to send (the caller left). */
+  | { type: 'gone' };
+
+/**
+ * Waits for what decides a live stream's answer: its first frames or the request's end, until
+ * `deadline`. An attempt superseded before its first frame sent nothing to anyone: the next
+ * attempt's first frame is waited for instead, in a watch that reads what is stored.
+ */
+async function firstItem(open: (fresh: boolean) => AsyncGenerator<WatchEvent>, fresh: boolean, deadline: number): Promise<FirstItem> {
+  for (let events = open(fresh); ; events = open(false)) {
+    let handedOn = false;
+    try {
+      for (;;) {
+        const next = await events.next();
+        if (next.done) return { type: 'gone' };
+        const ev = next.value;
+        if (ev.type === 'frames') {
+          handedOn = true;
+          return { type: 'frames', first: ev, rest: events };
+        }
+        if (ev.type === 'end') return { type: 'end', answer: ev.answer };
+        if (ev.type === 'superseded') break;
+        if (Date.now() >= deadline) return { type: 'held_too_long' };
+      }
+    } finally {
+      if (!handedOn) await events.return(undefined);
+    }
+  }
 }
 
 /** Replay by id (`Accept: text/event-stream`): `id: <seq>` before each stored frame, then the live tail. */
-export async function replay(deps: BaseDeps, req: Request, res: Response, r: Watched, keepAliveMs = KEEP_ALIVE_MS): Promise<void> {
+export async function replay(deps: BaseDeps, req: Request, res: Response, request: Watched, keepAliveMs = KEEP_ALIVE_MS): Promise<void> {
   const lastEventId = req.headers['last-event-id'];
   let afterSeq = 0;
   if (lastEventId !== undefined) {
@@ -185,17 +226,45 @@ export async function replay(deps: BaseDeps, req: Request, res: Response, r: Wat
   const left = callerLeft(res);
   res.writeHead(200, SSE_HEADERS);
   res.flushHeaders(); // a replay of a pending request shows its 200 at once, before any frame
-  for await (const ev of watch(deps, r, { afterSeq, idleMs: keepAliveMs, signal: left })) {
-    if (ev.type === 'frames') await sendFrames(res, ev.frames, true);
-    else if (ev.type === 'idle') await send(res, KEEP_ALIVE);
-    else if (ev.type === 'superseded') {
-      await send(res, SUPERSEDED_EVENT);
-      break;
+  // Its watch ticks at the keep-alive interval: every tick is a keep-alive.
+  const events = watch(deps, request, { afterSeq, idleMs: keepAliveMs, signal: left });
+  await writeEvents(res, events, { ids: true, keepAliveMs: 0, left });
+}
+
+/**
+ * Writes a watch's events to an open event stream until the watch ends: frames (behind `id:`
+ * lines in a replay), a keep-alive on an idle tick once nothing was written for `keepAliveMs`,
+ * and at the end a `failed` event when the request failed or its attempt was superseded.
+ * `first`: frames already taken from the watch, written before the rest.
+ */
+async function writeEvents(
+  res: Response,
+  events: AsyncIterable<WatchEvent>,
+  opts: { ids: boolean; keepAliveMs: number; left: AbortSignal; first?: Frames },
+): Promise<void> {
+  // Monotonic, so a keep-alive due at every tick (keepAliveMs 0) is sent at every tick.
+  let lastWrite = performance.now();
+  if (opts.first) await sendFrames(res, opts.first, opts.ids);
+  for await (const ev of events) {
+    if (ev.type === 'frames') {
+      lastWrite = performance.now();
+      await sendFrames(res, ev, opts.ids);
+    } else if (ev.type === 'idle') {
+      if (performance.now() - lastWrite >= opts.keepAliveMs) {
+        lastWrite = performance.now();
+        await send(res, KEEP_ALIVE);
+      }
     } else {
-      if (ev.answer.status === 'failed') await send(res, await failedEvent(ev.answer));
+      if (ev.type === 'superseded') await send(res, SUPERSEDED_EVENT);
+      else if (ev.answer.status === 'failed') await send(res, await failedEvent(ev.answer));
       break;
     }
   }
+  finish(res, opts.left);
+}
+
+/** Ends the response, or drops the connection of a caller that left (the execution goes on). */
+function finish(res: Response, left: AbortSignal): void {
   if (left.aborted) res.destroy();
   else res.end();
 }

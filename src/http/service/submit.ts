@@ -1,7 +1,8 @@
-// Accepting a submission (SPEC.md "Endpoints: Submission"): authenticate (done by the route),
-// refuse loops, read and canonicalise the body, resolve the routing rule, then hand it to the
-// process's submitter (one group commit claims, records and enqueues). Shared by all three
-// submission routes.
+// Accepting a submission (docs/api.md "What happens to a submission"): authenticate (done by the
+// route), refuse loops, read and canonicalise the body, resolve the routing rule, then hand it to
+// the process's submitter (one group commit checks the key's rate limits, records and enqueues
+// it, looks up the response cache when it applies, and claims it when this process runs it: then
+// its provider call has started by the time this returns). Shared by every submission route.
 import type { Request } from 'express';
 import type { Deps } from '../../deps.ts';
 import type { ServiceAuth } from '../service-auth.ts';
@@ -21,12 +22,17 @@ import {
 import { forwardableHeaders, parseHops, HOPS_HEADER } from '../../core/header-policy.ts';
 import { newId } from '../../core/ids.ts';
 import { resolveModel } from '../../control/resolve-model.ts';
-import type { Dialect } from '../../db/requests.ts';
+import { servesDialect, type Dialect } from '../../core/dialects.ts';
 import { MeteringRefusal, type Submitted } from '../../db/submissions.ts';
+import { RateLimitRefusal } from '../../db/rate-limits.ts';
+import { CACHE_HEADER, parseCacheHeader, cachePolicy, cacheKey } from '../../core/response-cache.ts';
+import { countRateLimited } from '../../metrics/metrics.ts';
 import { seal } from '../../core/sealing.ts';
 import { callerCredential, credentialIdentity } from './caller-credential.ts';
+import { TRACING, trace } from '../../trace.ts';
 
-export type Submission = Submitted & { streaming: boolean };
+/** What a submission route answers from: the request the submission landed on, and whether it streams. */
+export type AcceptedSubmission = Submitted & { streaming: boolean };
 
 function parseBody(bytes: Buffer): { value: JsonValue; text: string } {
   try {
@@ -43,7 +49,7 @@ export async function acceptSubmission(
   auth: ServiceAuth,
   dialect: Dialect,
   opts: { fireAndForget: boolean },
-): Promise<Submission> {
+): Promise<AcceptedSubmission> {
   const settings = deps.settings.current();
   const hops = parseHops(req.headers[HOPS_HEADER]);
   if (hops >= settings.reroute_ceiling) {
@@ -59,6 +65,8 @@ export async function acceptSubmission(
   // The model is stored as text, which cannot hold U+0000 (the body keeps its escape as sent).
   if (model.includes('\u0000')) throw new ServiceError('bad_request', 'The `model` must not contain U+0000.');
   const streaming = topLevelBoolean(value, 'stream') === true;
+  const directive = parseCacheHeader(req.headers[CACHE_HEADER]);
+  if (typeof directive === 'string') throw new ServiceError('bad_request', directive);
 
   const resolution = await resolveModel(deps, auth.namespaceId, model);
   if (resolution === null) {
@@ -68,7 +76,7 @@ export async function acceptSubmission(
     throw new ServiceError('forbidden', `Routing rule ${resolution.declined.rule_id} (${resolution.declined.model}) declines model ${JSON.stringify(model)}.`);
   }
   const { rule, backend } = resolution;
-  if (backend.dialect !== dialect) {
+  if (!servesDialect(backend.dialect, dialect)) {
     throw new ServiceError(
       'unprocessable_entity',
       `Model ${JSON.stringify(model)} routes to a ${backend.dialect}-dialect backend; this route speaks ${dialect}. Sarsen does not translate between dialects.`,
@@ -80,7 +88,7 @@ export async function acceptSubmission(
       throw new ServiceError('passthrough_disabled', 'This model routes to a caller-credential backend, which this deployment does not enable.');
     }
     if (opts.fireAndForget) {
-      throw new ServiceError('passthrough_disabled', 'Caller-credential backends take synchronous submissions only: POST /chat/completions or /messages.');
+      throw new ServiceError('passthrough_disabled', 'Caller-credential backends take synchronous submissions only: POST /chat/completions, /messages or /responses.');
     }
     credential = callerCredential(req.headers);
     if (credential === null) {
@@ -94,7 +102,17 @@ export async function acceptSubmission(
   const upstreamModel = rule.rewrite_model ?? model;
   const body = upstreamModel === model ? text : withTopLevelField(value, 'model', jsonString(upstreamModel));
   const id = newId('req');
-  const submitted = await deps.submitter
+  const identity = Buffer.from(
+    identityHash({
+      dialect,
+      canonicalText: text,
+      credentialHash: credential === null ? undefined : credentialIdentity(deps.secrets.apiKeyHashKey, credential),
+    }),
+    'hex',
+  );
+  const policy = cachePolicy(auth.cacheTtlMinutes, directive);
+  if (TRACING) trace(id, 'submit');
+  const { submitted } = await deps.submitter
     .submit({
       id,
       tenancyId: auth.tenancyId,
@@ -110,20 +128,19 @@ export async function acceptSubmission(
       forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
       hops,
       body,
-      identity: Buffer.from(
-        identityHash({
-          dialect,
-          canonicalText: text,
-          credentialHash: credential === null ? undefined : credentialIdentity(deps.secrets.apiKeyHashKey, credential),
-        }),
-        'hex',
-      ),
+      identity,
       // Sealed under credential-key and bound to the request; destroyed with the terminal write.
       sealedCredential: credential === null ? null : seal(deps.keyring, credential, id),
+      limits: auth.limits,
+      cache: policy === null ? null : { key: cacheKey(identity, backend.backend_id, upstreamModel), ...policy },
       waited: !opts.fireAndForget,
     })
     .catch((err: unknown) => {
       if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);
+      if (err instanceof RateLimitRefusal) {
+        countRateLimited(err.limit);
+        throw new ServiceError('rate_limited', err.message, { retryAfterSeconds: err.retryAfterSeconds });
+      }
       throw err;
     });
   return { ...submitted, streaming };

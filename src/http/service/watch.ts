@@ -8,13 +8,18 @@
 // flush committed, so every id a reader saw can be read again.
 import type { BaseDeps } from '../../deps.ts';
 import type { RequestEvent } from '../../db/events.ts';
-import { readAnswer as readStoredAnswer, readStreamState, isTerminal, type StoredAnswer, type ChunkRow } from '../../db/requests.ts';
+import { readAnswer, readStreamState, isTerminal, type StoredAnswer, type ChunkRow } from '../../db/requests.ts';
 import { readFrames, frameExists } from '../../db/chunks.ts';
 import { retryTransient } from '../../db/pool.ts';
+import { createFrameInbox } from '../../core/frame-inbox.ts';
+import { createWakeTimer } from '../../core/wake-timer.ts';
 
 export type WatchEvent =
-  /** Frames in order, numbered consecutively (as many as were at hand). */
-  | { type: 'frames'; frames: readonly ChunkRow[] }
+  /**
+   * Frames in order, numbered consecutively (as many as were at hand). `page`: read from the
+   * table, up to a page of them; the caller sends a page before it asks for the next.
+   */
+  | { type: 'frames'; frames: readonly ChunkRow[]; page: boolean }
   /** The request settled; `answer` is what it stored. */
   | { type: 'end'; answer: StoredAnswer }
   /** The attempt whose frames were delivered was discarded (its worker died, another took over). */
@@ -39,183 +44,257 @@ export type WatchOptions = {
 const PAGE = { rows: 100, maxBytes: 64 * 1024 };
 const BACKSTOP_POLL_MS = 2_000;
 // Frames held in memory for a reader that is behind; past this it reads the table instead.
-const MAX_INBOX = 256;
-const MAX_INBOX_BYTES = 256 * 1024;
+const INBOX_BOUNDS = { frames: 256, bytes: 256 * 1024 };
 
-export async function* watch(deps: BaseDeps, r: Watched, opts: WatchOptions): AsyncGenerator<WatchEvent> {
-  let after = opts.afterSeq;
-  let following: number | null = null; // the attempt whose frames were delivered
-  // What is known but not yet delivered: frames handed over in memory, the newest committed
-  // sequence announced, the answer handed over in memory.
-  let inbox: ChunkRow[] = [];
-  let inboxBytes = 0;
-  let announced = after;
-  let answer: StoredAnswer | null = null;
-  // Whether the database must be read: the stored frames, and the state (it changed somewhere
-  // else, or the bus reconnected, or the backstop interval passed).
-  let readTable = !opts.fresh;
-  let stateNews = !opts.fresh;
-  let generation = 0;
-  let wake: (() => void) | null = null;
-  let lastPoke = Date.now();
-  const poke = () => {
-    lastPoke = Date.now();
-    generation++;
-    wake?.();
-  };
-  const onEvent = (ev: RequestEvent) => {
-    if (ev.type === 'frames') {
-      if (ev.frames && inbox.length < MAX_INBOX && inboxBytes < MAX_INBOX_BYTES) {
-        inbox.push(...ev.frames);
-        for (const f of ev.frames) inboxBytes += f.frame.length;
-      }
-      announced = Math.max(announced, ev.seq);
-    } else if (ev.type === 'state' && ev.answer) answer = ev.answer;
-    else stateNews = true;
-    poke();
-  };
-  const onReconnect = () => {
-    readTable = stateNews = true;
-    poke();
-  };
-  // Reads ride out a database outage (the caller stays held) until they succeed or the caller leaves.
-  const db = <T>(read: () => Promise<T>): Promise<T> => retryTransient(read, Infinity, { signal: opts.signal, onReturn: onReconnect });
-  /** The inbox's frames that continue exactly after `after`, or null when it has none (read the table). */
-  const takeInbox = (): ChunkRow[] | null => {
-    const held = inbox;
-    inbox = [];
-    inboxBytes = 0;
-    let from = 0;
-    while (from < held.length && held[from]!.seq <= after) from++;
-    if (from === held.length || held[from]!.seq !== after + 1) return null;
-    let to = from + 1;
-    while (to < held.length && held[to]!.seq === held[to - 1]!.seq + 1) to++;
-    return from === 0 && to === held.length ? held : held.slice(from, to); // after a gap: the table, next time round
-  };
-  const nextFrames = async (): Promise<ChunkRow[]> => {
-    if (!r.streaming) {
-      readTable = false; // a request that was not streamed has no frames
-      return [];
-    }
-    const run = takeInbox();
-    if (run) return run;
-    if (!readTable && announced <= after) return [];
-    const before = announced;
-    const { frames, more } = await db(() => readFrames(deps.pool, r.id, after, PAGE));
-    readTable = more; // a full page: there may be more
-    // Otherwise the table has all there is: what was announced and is missing was discarded
-    // (its attempt was superseded, which the state read tells).
-    if (!readTable && announced === before) announced = Math.min(announced, frames.at(-1)?.seq ?? after);
-    return frames;
-  };
-  // One timer per watch, armed for the earliest wake-up needed and not re-armed for later ones
-  // (a live stream pokes the watch every frame; a timer per wait would cost more than the
-  // frame). When it fires after a quiet backstop interval, the database is read again.
-  let timer: NodeJS.Timeout | undefined;
-  let timerAt = Infinity;
-  const onTimer = () => {
-    timer = undefined;
-    timerAt = Infinity;
-    if (Date.now() - lastPoke >= BACKSTOP_POLL_MS) readTable = stateNews = true;
-    generation++;
-    wake?.();
-  };
-  // Waits for a poke or, at most, until the next idle tick or backstop poll.
-  const sleep = (untilIdleMs: number) =>
-    new Promise<void>((resolve) => {
-      wake = () => {
-        wake = null;
-        resolve();
-      };
-      const at = Date.now() + Math.max(0, Math.min(untilIdleMs, BACKSTOP_POLL_MS));
-      if (at < timerAt) {
-        clearTimeout(timer);
-        timerAt = at;
-        timer = setTimeout(onTimer, at - Date.now());
-      }
-    });
+const SUPERSEDED: WatchEvent = { type: 'superseded' };
+const IDLE: WatchEvent = { type: 'idle' };
+type Frames = Extract<WatchEvent, { type: 'frames' }>;
 
-  const unsubscribe = deps.bus.onRequest(r.id, onEvent);
-  const unReconnect = deps.bus.onReconnect(onReconnect);
-  opts.signal.addEventListener('abort', poke);
-  try {
-    // A resume point that was handed out but is no longer stored belongs to a discarded
-    // attempt (frames are only ever removed that way while the record lives).
-    if (after > 0) {
-      const initial = await db(() => readStreamState(deps.pool, r.id));
-      if (initial && after <= initial.seqHigh && !(await db(() => frameExists(deps.pool, r.id, after)))) {
-        yield { type: 'superseded' };
-        return;
-      }
-    }
-    let lastNews = Date.now();
-    for (;;) {
-      if (opts.signal.aborted) return;
-      const seen = generation;
-      const frames = await nextFrames();
-      // A frame of another attempt than the one being followed: that one was discarded.
-      const attempt: number | undefined = following ?? frames[0]?.attempt;
-      const cut = frames.findIndex((f) => f.attempt !== attempt);
-      const deliver = cut === -1 ? frames : frames.slice(0, cut);
-      if (deliver.length > 0) {
-        following = attempt!;
-        after = deliver[deliver.length - 1]!.seq;
-        lastNews = Date.now();
-        yield { type: 'frames', frames: deliver };
-      }
-      if (cut !== -1) {
-        yield { type: 'superseded' };
-        return;
-      }
+/**
+ * What a watch is doing. It starts `resuming` when given a resume point, `following` otherwise.
+ * - resuming: checking that the resume point is still stored (one that is not belongs to a
+ *   discarded attempt: frames are removed only that way while the record lives).
+ * - following: delivering what is known: the frames at hand (from the inbox, or from the table
+ *   when something says it holds more), then the request's state when news says it changed.
+ * - waiting: nothing known to deliver; asleep until news, the next idle tick or the backstop poll.
+ * - settling: the answer is known; delivering the frames not yet delivered (they committed before
+ *   the answer, so the table has them), then the answer.
+ * - ended: the answer or `superseded` was delivered, the caller left, or the record vanished.
+ */
+type Mode = 'resuming' | 'following' | 'waiting' | 'settling' | 'ended';
 
-      if (!answer && stateNews) {
-        stateNews = false; // before the read: news arriving during it sets it again
-        if (r.streaming) {
-          const state = await db(() => readStreamState(deps.pool, r.id));
-          if (state === null) return;
-          // Frames were delivered from an attempt that is no longer the live one: its worker
-          // died and the request went back to pending (or another attempt already took it).
-          if (following !== null && !isTerminal(state.status) && (state.status === 'pending' || state.attempts !== following)) {
-            yield { type: 'superseded' };
-            return;
-          }
-          if (isTerminal(state.status)) answer = await db(() => readAnswer(deps, r));
-        } else {
-          answer = await db(() => readAnswer(deps, r));
-        }
-        // Frames commit before the terminal write: those not yet delivered are in the table.
-        if (answer) readTable = true;
-      }
-      if (answer) {
-        for (let rest = await nextFrames(); rest.length > 0; rest = await nextFrames()) {
-          after = rest[rest.length - 1]!.seq;
-          yield { type: 'frames', frames: rest };
-          if (opts.signal.aborted) return;
-        }
-        yield { type: 'end', answer };
-        return;
-      }
-      // Read on after a full page, or when frames were announced that the inbox did not hold.
-      if (readTable || announced > after || generation !== seen) continue;
-      const quiet = Date.now() - lastNews;
-      if (quiet >= opts.idleMs) {
-        lastNews = Date.now();
-        yield { type: 'idle' };
-        continue;
-      }
-      await sleep(opts.idleMs - quiet);
-    }
-  } finally {
-    clearTimeout(timer);
-    unsubscribe();
-    unReconnect();
-    opts.signal.removeEventListener('abort', poke);
-  }
+const NEXT: Readonly<Record<Mode, readonly Mode[]>> = {
+  resuming: ['following', 'ended'],
+  following: ['waiting', 'settling', 'ended'],
+  waiting: ['following'],
+  settling: ['ended'],
+  ended: [],
+};
+
+export function watch(deps: BaseDeps, request: Watched, opts: WatchOptions): AsyncGenerator<WatchEvent> {
+  return new Watch(deps, request, opts).events();
 }
 
-/** The stored answer; null while the request has not settled. */
-async function readAnswer(deps: BaseDeps, r: Watched): Promise<StoredAnswer | null> {
-  const answer = await readStoredAnswer(deps.pool, r.namespaceId, r.id);
-  if (answer === undefined) throw new Error(`request ${r.id} vanished while watched`);
-  return answer;
+class Watch {
+  private readonly deps: BaseDeps;
+  private readonly request: Watched;
+  private readonly opts: WatchOptions;
+  private mode: Mode;
+  /** The last sequence number delivered. */
+  private after: number;
+  /** The attempt whose frames were delivered (null before the first). */
+  private following: number | null = null;
+  /** The newest sequence number known to be committed (announced by an event, or seen in the table). */
+  private announced: number;
+  /** The answer, once known (handed over in memory, or read). */
+  private answer: StoredAnswer | null = null;
+  /** The table may hold frames the inbox does not: it was never read, a page came back full, the bus reconnected, or the backstop poll. */
+  private readTable: boolean;
+  /** The request's state may have changed unseen: news from elsewhere, the bus reconnected, or the backstop poll. */
+  private readState: boolean;
+  /** Something was heard since this turn began: a turn that heard news does not sleep. */
+  private heardNews = false;
+  /** When frames or an idle tick were last delivered: the idle tick counts from here. */
+  private deliveredAt = 0;
+  /** Ends the current wait (set while waiting). */
+  private wake: (() => void) | null = null;
+  private readonly inbox = createFrameInbox<ChunkRow>(INBOX_BOUNDS);
+  private readonly timer = createWakeTimer(BACKSTOP_POLL_MS, (backstopDue) => {
+    if (backstopDue) this.readTable = this.readState = true;
+    this.heardNews = true;
+    this.wake?.();
+  });
+
+  constructor(deps: BaseDeps, request: Watched, opts: WatchOptions) {
+    this.deps = deps;
+    this.request = request;
+    this.opts = opts;
+    this.mode = opts.afterSeq > 0 ? 'resuming' : 'following';
+    this.after = this.announced = opts.afterSeq;
+    this.readTable = this.readState = !opts.fresh;
+  }
+
+  async *events(): AsyncGenerator<WatchEvent> {
+    const { signal, idleMs } = this.opts;
+    const unsubscribe = this.deps.bus.onRequest(this.request.id, this.onEvent);
+    const unReconnect = this.deps.bus.onReconnect(this.onReconnect);
+    signal.addEventListener('abort', this.poke);
+    try {
+      if (this.mode === 'resuming') {
+        if (await this.resumePointDiscarded()) {
+          this.enter('ended');
+          yield SUPERSEDED;
+          return;
+        }
+        this.enter('following');
+      }
+      this.deliveredAt = Date.now();
+      while (this.mode === 'following') {
+        if (signal.aborted) return this.enter('ended');
+        this.heardNews = false;
+        // The event is the only holder of its frames, and the caller empties it once it sent them:
+        // a generator keeps its variables across a yield, and a page kept through the next read
+        // outlives the young generation.
+        const event = await this.nextFrames();
+        // A frame of another attempt than the one being followed: that one was discarded.
+        const attempt: number | undefined = this.following ?? event.frames[0]?.attempt;
+        const cut = event.frames.findIndex((f) => f.attempt !== attempt);
+        if (cut !== -1) event.frames = event.frames.slice(0, cut);
+        if (event.frames.length > 0) {
+          this.following = attempt!;
+          this.after = event.frames[event.frames.length - 1]!.seq;
+          this.deliveredAt = Date.now();
+          yield event;
+        }
+        if (cut !== -1) {
+          this.enter('ended');
+          yield SUPERSEDED;
+          return;
+        }
+        if (this.readState && !this.answer) {
+          const state = await this.checkState();
+          if (state === 'vanished') return this.enter('ended');
+          if (state === 'superseded') {
+            this.enter('ended');
+            yield SUPERSEDED;
+            return;
+          }
+        }
+        if (this.answer) {
+          this.enter('settling');
+          break;
+        }
+        // Read on after a full page, or when frames were announced that the inbox did not hold.
+        if (this.readTable || this.announced > this.after || this.heardNews) continue;
+        const quiet = Date.now() - this.deliveredAt;
+        if (quiet >= idleMs) {
+          this.deliveredAt = Date.now();
+          yield IDLE;
+          continue;
+        }
+        this.enter('waiting');
+        await this.sleep(idleMs - quiet);
+        this.enter('following');
+      }
+      // Settling.
+      for (;;) {
+        const event = await this.nextFrames();
+        if (event.frames.length === 0) break;
+        this.after = event.frames[event.frames.length - 1]!.seq;
+        yield event;
+        if (signal.aborted) return this.enter('ended');
+      }
+      this.enter('ended');
+      yield { type: 'end', answer: this.answer! };
+    } finally {
+      this.timer.stop();
+      unsubscribe();
+      unReconnect();
+      signal.removeEventListener('abort', this.poke);
+    }
+  }
+
+  /** Every change of mode passes here, so a transition the design does not have fails loudly. */
+  private enter(next: Mode): void {
+    if (!NEXT[this.mode].includes(next)) throw new Error(`a watch of request ${this.request.id} went from ${this.mode} to ${next}`);
+    this.mode = next;
+  }
+
+  private readonly poke = (): void => {
+    this.timer.heard();
+    this.heardNews = true;
+    this.wake?.();
+  };
+
+  private readonly onEvent = (ev: RequestEvent): void => {
+    if (ev.type === 'frames') {
+      if (ev.frames) this.inbox.add(ev.frames);
+      this.announced = Math.max(this.announced, ev.seq);
+    } else if (ev.type === 'state' && ev.answer) this.answer = ev.answer;
+    else this.readState = true;
+    this.poke();
+  };
+
+  private readonly onReconnect = (): void => {
+    this.readTable = this.readState = true;
+    this.poke();
+  };
+
+  /** Waits for news or, at most, until the next idle tick or backstop poll. */
+  private sleep(ms: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      this.wake = () => {
+        this.wake = null;
+        resolve();
+      };
+      this.timer.wakeWithin(ms);
+    });
+  }
+
+  /** A read that rides out a database outage (the caller stays held) until it succeeds or the caller leaves. */
+  private db<T>(read: () => Promise<T>): Promise<T> {
+    return retryTransient(read, Infinity, { signal: this.opts.signal, onReturn: this.onReconnect });
+  }
+
+  /** Whether the resume point was handed out and is no longer stored. */
+  private async resumePointDiscarded(): Promise<boolean> {
+    const { pool } = this.deps;
+    const { id } = this.request;
+    const state = await this.db(() => readStreamState(pool, id));
+    return state !== null && this.after <= state.seqHigh && !(await this.db(() => frameExists(pool, id, this.after)));
+  }
+
+  /** The frames to deliver next: the inbox's run after the last delivered, else the table's when it may hold more. */
+  private async nextFrames(): Promise<Frames> {
+    if (!this.request.streaming) {
+      this.readTable = false; // a request that was not streamed has no frames
+      return { type: 'frames', frames: [], page: false };
+    }
+    const run = this.inbox.takeAfter(this.after);
+    if (run) return { type: 'frames', frames: run, page: false };
+    if (!this.readTable && this.announced <= this.after) return { type: 'frames', frames: [], page: false };
+    const before = this.announced;
+    const { pool } = this.deps;
+    const { id } = this.request;
+    const after = this.after;
+    const { frames, more } = await this.db(() => readFrames(pool, id, after, PAGE));
+    this.readTable = more; // a full page: there may be more
+    // Otherwise the table has all there is: what was announced and is missing was discarded
+    // (its attempt was superseded, which the state read tells).
+    if (!this.readTable && this.announced === before) this.announced = Math.min(this.announced, frames.at(-1)?.seq ?? after);
+    return { type: 'frames', frames, page: true };
+  }
+
+  /**
+   * Reads the state (news says it changed): notes the answer of a settled request, and tells
+   * whether the record vanished or the attempt whose frames were delivered is no longer live.
+   */
+  private async checkState(): Promise<'superseded' | 'vanished' | 'seen'> {
+    this.readState = false; // before the read: news arriving during it sets it again
+    let stored: StoredAnswer | null = null;
+    if (this.request.streaming) {
+      const { pool } = this.deps;
+      const state = await this.db(() => readStreamState(pool, this.request.id));
+      if (state === null) return 'vanished';
+      // Frames were delivered from an attempt that is no longer the live one: its worker
+      // died and the request went back to pending (or another attempt already took it).
+      if (this.following !== null && !isTerminal(state.status) && (state.status === 'pending' || state.attempts !== this.following)) return 'superseded';
+      if (isTerminal(state.status)) stored = await this.db(() => this.answerIfSettled());
+    } else {
+      stored = await this.db(() => this.answerIfSettled());
+    }
+    // The answer may have been handed over in memory while the read ran: a read that came too
+    // early must not hide it (the watch would wait for the backstop poll).
+    this.answer ??= stored;
+    // Frames commit before the terminal write: those not yet delivered are in the table.
+    if (this.answer) this.readTable = true;
+    return 'seen';
+  }
+
+  /** The stored answer; null while the request has not settled. */
+  private async answerIfSettled(): Promise<StoredAnswer | null> {
+    const answer = await readAnswer(this.deps.pool, this.request.namespaceId, this.request.id);
+    if (answer === undefined) throw new Error(`request ${this.request.id} vanished while watched`);
+    return answer;
+  }
 }

@@ -1,12 +1,13 @@
-// One namespace's configuration: backends, routing rules (with "which rule takes model X?")
-// and API keys.
+// One namespace's configuration: backends, routing rules (with "which rule takes model X?"),
+// API keys with their rate limits, and the response cache.
 import { h, api, formData, fmt, field, table } from './lib.js';
 import { page, NS, canWrite, attempt, flash, route, session } from './app.js';
 
-const KINDS = [['chat_compat', 'OpenAI-compatible (chat)'], ['messages', 'Anthropic (messages)'], ['aggregator', 'Aggregator']];
+const KINDS = [['chat_compat', 'OpenAI-compatible (chat and responses)'], ['messages', 'Anthropic (messages)'], ['aggregator', 'Aggregator (chat and responses)']];
 
 export async function namespacePage(ns) {
-  const [backends, rules, keys] = await Promise.all([
+  const [namespace, backends, rules, keys] = await Promise.all([
+    api('GET', NS(ns)),
     api('GET', `${NS(ns)}/backends`),
     api('GET', `${NS(ns)}/routing-rules`),
     api('GET', `${NS(ns)}/api-keys`),
@@ -21,6 +22,51 @@ export async function namespacePage(ns) {
     backendSection(ns, backends.data),
     ruleSection(ns, rules.data, backends.data, backendName),
     keySection(ns, keys.data),
+    cacheSection(ns, namespace),
+  );
+}
+
+/** A key's limits for the API: empty fields are off. */
+function limitsOf(f) {
+  return {
+    requests_per_minute: f.requests_per_minute === '' ? null : Number(f.requests_per_minute),
+    tokens_per_minute: f.tokens_per_minute === '' ? null : Number(f.tokens_per_minute),
+  };
+}
+
+const limitWords = (l) =>
+  [l.requests_per_minute !== null ? `${fmt.int(l.requests_per_minute)} requests/min` : null, l.tokens_per_minute !== null ? `${fmt.int(l.tokens_per_minute)} tokens/min` : null]
+    .filter(Boolean)
+    .join(' · ') || 'none';
+
+const limitFields = () => [
+  field('Requests per minute', { name: 'requests_per_minute', type: 'number', min: 1 }, 'Empty: no limit.'),
+  field('Tokens per minute', { name: 'tokens_per_minute', type: 'number', min: 1 }, 'Input plus output tokens. Empty: no limit.'),
+];
+
+function cacheSection(ns, namespace) {
+  const form = h(
+    'form',
+    { class: 'card inline', 'aria-label': 'Response cache' },
+    field('Serve cached answers for (minutes)', { name: 'cache_ttl_minutes', type: 'number', min: 1, value: namespace.cache_ttl_minutes ?? '' },
+      'Empty: no cache. A repeated request that succeeded within this time is answered from its stored answer, with no provider call.'),
+    h('button', { type: 'submit', class: 'primary' }, 'Save cache'),
+  );
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const f = formData(form);
+    const body = { cache_ttl_minutes: f.cache_ttl_minutes === '' ? null : Number(f.cache_ttl_minutes) };
+    if (await attempt(() => api('PATCH', NS(ns), body))) {
+      flash(body.cache_ttl_minutes === null ? 'Response cache off.' : `Answers are served from the cache for ${fmt.minutes(body.cache_ttl_minutes)}.`);
+      route();
+    }
+  });
+  return h(
+    'section',
+    { 'aria-labelledby': 'h-cache' },
+    h('h2', { id: 'h-cache' }, 'Response cache'),
+    h('p', { class: 'muted' }, namespace.cache_ttl_minutes === null ? 'Off.' : `On: answers are served for ${fmt.minutes(namespace.cache_ttl_minutes)}.`),
+    canWrite() ? form : null,
   );
 }
 
@@ -147,13 +193,14 @@ function keySection(ns, keys) {
     h('fieldset', {}, h('legend', {}, 'Grants'),
       h('label', {}, h('input', { type: 'checkbox', name: 'use', checked: true, disabled: true }), ' use (call models)'),
       h('label', {}, h('input', { type: 'checkbox', name: 'manage' }), ' manage (list requests, usage)')),
+    ...limitFields(),
     h('button', { type: 'submit', class: 'primary' }, 'Create key'),
   );
   form.addEventListener('submit', async (e) => {
     e.preventDefault();
     const grants = form.elements.manage.checked ? ['use', 'manage'] : ['use'];
     await attempt(async () => {
-      const created = await api('POST', `${NS(ns)}/api-keys`, { name: form.elements.name.value, grants });
+      const created = await api('POST', `${NS(ns)}/api-keys`, { name: form.elements.name.value, grants, limits: limitsOf(formData(form)) });
       const out = h('output', { 'aria-label': 'New API key', class: 'secret' }, created.key);
       shown.replaceChildren(
         h('p', {}, h('strong', {}, 'Copy this key now: '), 'it is shown this once and cannot be read again.'),
@@ -167,8 +214,10 @@ function keySection(ns, keys) {
       form.reset();
       const list = await api('GET', `${NS(ns)}/api-keys`);
       section.querySelector('.keys').replaceChildren(keyTable(ns, list.data));
+      limits.replaceWith((limits = limitsForm(ns, list.data)));
     });
   });
+  let limits = limitsForm(ns, keys);
   const section = h(
     'section',
     { 'aria-labelledby': 'h-keys' },
@@ -176,8 +225,31 @@ function keySection(ns, keys) {
     h('div', { class: 'keys' }, keyTable(ns, keys)),
     shown,
     canWrite() ? form : null,
+    canWrite() ? limits : null,
   );
   return section;
+}
+
+/** Changes a live key's limits in place (its secret stays the same). */
+function limitsForm(ns, keys) {
+  const live = keys.filter((k) => !k.revoked_at);
+  const form = h(
+    'form',
+    { class: 'card inline', 'aria-label': 'Change a key\'s limits', hidden: live.length === 0 },
+    field('Key', { name: 'api_key_id', options: live.map((k) => [k.api_key_id, `${k.name} (${k.prefix})`]) }),
+    ...limitFields(),
+    h('button', { type: 'submit' }, 'Save limits'),
+  );
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const f = formData(form);
+    let changed;
+    if (await attempt(async () => (changed = await api('PATCH', `${NS(ns)}/api-keys/${f.api_key_id}`, { limits: limitsOf(f) })))) {
+      flash(`Limits of key ${changed.name}: ${limitWords(changed.limits)}.`);
+      route();
+    }
+  });
+  return form;
 }
 
 function keyTable(ns, keys) {
@@ -185,6 +257,7 @@ function keyTable(ns, keys) {
     ['Name', (k) => k.name],
     ['Prefix', (k) => h('code', {}, k.prefix)],
     ['Grants', (k) => k.grants.join(', ')],
+    ['Limits', (k) => limitWords(k.limits)],
     ['Last used', (k) => fmt.time(k.last_used_at)],
     ['State', (k) => (k.revoked_at ? h('span', { class: 'pill bad' }, `revoked ${fmt.time(k.revoked_at)}`) : h('span', { class: 'pill ok' }, 'live'))],
     ['', (k) => (canWrite() && !k.revoked_at ? h('button', { class: 'danger', 'aria-label': `Revoke key ${k.name}`, onclick: async () => {

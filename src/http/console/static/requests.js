@@ -1,11 +1,14 @@
 // A namespace's requests: the listing (newest first, cursor paging, filters), one request's page
 // (record, bodies pretty and raw, a stream followed live through the replay), usage.
-import { h, api, fmt, bars, pagedTable, field } from './lib.js';
+import { h, api, fmt, bars, pagedTable, field, table } from './lib.js';
 import { page, NS, flash, canWrite, attempt, route } from './app.js';
 
 const statusPill = (s, expired) => h('span', { class: `pill ${expired ? '' : s}` }, expired ? 'swept' : s);
 const nsLink = (ns, rest = '') => `#/ns/${encodeURIComponent(ns)}${rest}`;
+// A request the response cache answered from another's stored answer.
+const cachedPill = () => h('span', { class: 'pill cached', title: 'answered from the response cache' }, 'cached');
 const STATUSES = ['pending', 'running', 'succeeded', 'failed'];
+const DIALECTS = ['chat', 'messages', 'responses'];
 
 // datetime-local speaks the browser's local time without an offset; the listing takes instants.
 const toInstant = (local) => (local ? new Date(local).toISOString() : '');
@@ -22,6 +25,7 @@ function filterForm(ns, filters, keys) {
     { class: 'card inline filters', 'aria-label': 'Filter requests' },
     field('Status', { name: 'status', value: filters.get('status') ?? '', options: [['', 'Any status'], ...STATUSES.map((s) => [s, s])] }),
     field('Model', { name: 'model', value: filters.get('model') ?? '', placeholder: 'gpt-4o-mini' }),
+    field('Dialect', { name: 'dialect', value: filters.get('dialect') ?? '', options: [['', 'Any dialect'], ...DIALECTS.map((d) => [d, d])] }),
     field('Key', { name: 'api_key_id', value: filters.get('api_key_id') ?? '', options: [['', 'Any key'], ...keys.map((k) => [k.api_key_id, `${k.name} (${k.prefix})${k.revoked_at ? ' · revoked' : ''}`])] }),
     field('Created from', { name: 'created_since', type: 'datetime-local', value: toLocal(filters.get('created_since')) }),
     field('Created before', { name: 'created_before', type: 'datetime-local', value: toLocal(filters.get('created_before')) }),
@@ -47,7 +51,7 @@ export async function requestsPage(ns, query = '') {
   const { data: keys } = await api('GET', `${NS(ns)}/api-keys`);
   const [body, more] = await pagedTable('Requests', [
     ['Request', (r) => h('a', { href: nsLink(ns, `/requests/${r.request_id}`) }, h('code', {}, r.request_id))],
-    ['Status', (r) => statusPill(r.status, r.expired)],
+    ['Status', (r) => [statusPill(r.status, r.expired), r.cached_from ? [' ', cachedPill()] : null]],
     ['Model', (r) => r.model ?? '—'],
     ['Kind', (r) => `${r.dialect}${r.streaming ? ' · stream' : ''}`],
     ['Key', (r) => (r.api_key_prefix ? h('code', {}, r.api_key_prefix) : '—')],
@@ -98,10 +102,10 @@ export async function requestPage(ns, id) {
     throw err;
   })]);
   if (record === null) {
-    page(`Request ${id}`, back, h('p', { class: 'notice' }, 'Swept: retention removed this request’s bodies and answer. The listing keeps its metadata:'), facts(row, null));
+    page(`Request ${id}`, back, h('p', { class: 'notice' }, 'Swept: retention removed this request’s bodies and answer. The listing keeps its metadata:'), facts(row, null, ns));
     return;
   }
-  let shownFacts = facts(row, record);
+  let shownFacts = facts(row, record, ns);
   const parts = [back, shownFacts];
   if (canWrite() && (record.status === 'pending' || record.status === 'running')) {
     parts.push(h('p', {}, h('button', { class: 'danger', onclick: async () => {
@@ -122,7 +126,7 @@ export async function requestPage(ns, id) {
     // When the stream ends, the status, timings and tokens are read again.
     parts.push(streamView(ns, id, async () => {
       const [now, row] = await Promise.all([api('GET', `${NS(ns)}/requests/${encodeURIComponent(id)}`), summary(ns, id)]);
-      const fresh = facts(row, now);
+      const fresh = facts(row, now, ns);
       shownFacts.replaceWith(fresh);
       shownFacts = fresh;
     }));
@@ -136,7 +140,7 @@ export async function requestPage(ns, id) {
 
 const summary = (ns, id) => api('GET', `${NS(ns)}/requests/${encodeURIComponent(id)}/summary`);
 
-function facts(row, record) {
+function facts(row, record, ns) {
   const items = [
     ['Status', record ? statusPill(record.status, false) : statusPill(row?.status, row?.expired)],
     ['Model', row?.model ?? '—'],
@@ -152,18 +156,33 @@ function facts(row, record) {
     ['Stored', fmt.bytes(row?.stored_bytes)],
   ];
   if (record?.next_retry_at) items.push(['Next retry', fmt.time(record.next_retry_at)]);
+  const from = row?.cached_from ?? record?.cached_from;
+  if (from) items.push(['Cached from', h('a', { href: nsLink(ns, `/requests/${from}`) }, h('code', {}, from))]);
   return h('dl', { class: 'facts card' }, items.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))));
 }
 
-/** Text a frame adds: a chat delta or a messages text delta. */
+/** Text a frame adds: a chat delta, a messages text delta or a responses output text delta. */
 function frameText(data) {
   try {
     const v = JSON.parse(data);
+    if (v.type === 'response.output_text.delta') return v.delta ?? '';
     return v.choices?.[0]?.delta?.content ?? (v.type === 'content_block_delta' ? v.delta?.text : '') ?? '';
   } catch {
     return '';
   }
 }
+
+// EventSource hands a frame with an `event:` line only to listeners of that name: the named
+// events of the messages and responses dialects (chat frames have none and arrive as 'message').
+const NAMED_EVENTS = [
+  'message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop', 'ping',
+  'response.created', 'response.queued', 'response.in_progress', 'response.completed', 'response.incomplete', 'response.failed',
+  'response.output_item.added', 'response.output_item.done', 'response.content_part.added', 'response.content_part.done',
+  'response.output_text.delta', 'response.output_text.done', 'response.output_text.annotation.added',
+  'response.refusal.delta', 'response.refusal.done', 'response.function_call_arguments.delta', 'response.function_call_arguments.done',
+  'response.reasoning_summary_part.added', 'response.reasoning_summary_part.done', 'response.reasoning_summary_text.delta',
+  'response.reasoning_summary_text.done', 'response.reasoning_text.delta', 'response.reasoning_text.done',
+];
 
 function streamView(ns, id, onEnd) {
   const state = h('p', { class: 'pill running', role: 'status' }, 'following live…');
@@ -182,11 +201,12 @@ function streamView(ns, id, onEnd) {
   // The replay sends the stored frames, then the live tail, then ends the connection.
   const follow = () => {
     es = new EventSource(`${NS(ns)}/requests/${encodeURIComponent(id)}`);
-    es.addEventListener('message', (e) => {
+    const onFrame = (e) => {
       got++;
       frames.append(h('li', {}, h('span', { class: 'seq' }, e.lastEventId || '·'), h('code', {}, e.data)));
       text.textContent += frameText(e.data);
-    });
+    };
+    for (const name of ['message', ...NAMED_EVENTS]) es.addEventListener(name, onFrame);
     es.addEventListener('failed', (e) => {
       let detail = {};
       try {
@@ -204,7 +224,9 @@ function streamView(ns, id, onEnd) {
         end('stream failed', 'failed');
       }
     });
-    es.addEventListener('error', () => {
+    es.addEventListener('error', (e) => {
+      // A provider's own `event: error` frame (the responses dialect has one) carries data.
+      if (typeof e.data === 'string') return onFrame(e);
       if (!ended && es.readyState !== EventSource.OPEN) end(got > 0 ? 'stream complete' : 'stream ended', 'succeeded');
     });
   };
@@ -224,7 +246,7 @@ export async function usagePage(ns, windowMs = 86400e3) {
   ]);
   const keyName = new Map(keys.data.map((k) => [k.api_key_id, k.name]));
   const label = (k) => keyName.get(k.api_key_id) ?? k.api_key_id;
-  const saved = usage.accepted_submissions - usage.provider_calls;
+  const saved = usage.accepted_submissions - usage.provider_calls - usage.cache_hits;
   const picker = h('div', { class: 'buttons', role: 'group', 'aria-label': 'Window' }, WINDOWS.map(([name, ms]) =>
     h('button', { 'aria-pressed': String(ms === windowMs), onclick: () => usagePage(ns, ms).catch((e) => flash(e.message, 'error')) }, name)));
   page(
@@ -234,7 +256,15 @@ export async function usagePage(ns, windowMs = 86400e3) {
       stat('Accepted submissions', fmt.int(usage.accepted_submissions)),
       stat('Provider calls', fmt.int(usage.provider_calls)),
       stat('Saved by deduplication', fmt.int(saved), 'deduplication-saved'),
+      stat('Answered from the cache', fmt.int(usage.cache_hits), 'cache-hits'),
       stat('Stored', fmt.bytes(storage.stored_bytes))),
+    h('h2', {}, 'Rate limits this minute'),
+    table('Rate limits', [
+      ['Key', (w) => label(w)],
+      ['Requests', (w) => `${fmt.int(w.window.requests)}${w.requests_per_minute !== null ? ` of ${fmt.int(w.requests_per_minute)}` : ''}`],
+      ['Tokens', (w) => `${fmt.int(w.window.tokens)}${w.tokens_per_minute !== null ? ` of ${fmt.int(w.tokens_per_minute)}` : ''}`],
+      ['Refused', (w) => fmt.int(w.window.refused)],
+    ], usage.rate_limits, 'No key of this namespace has a rate limit.'),
     h('h2', {}, 'Per key'),
     picker,
     h('div', { class: 'charts' },

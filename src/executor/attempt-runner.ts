@@ -1,9 +1,9 @@
-// The attempts a process runs, whichever way they came: claimed at acceptance by this process
-// (role both: no job pickup between acceptance and the provider call), or claimed from a
-// graphile-worker job. It bounds how many run at once, lets work nobody waits on yield to
-// acceptance (./yield.ts), renews all their leases in one statement per heartbeat (a lease
-// found taken aborts that attempt's provider call), writes each outcome, and at shutdown hands
-// back what cannot finish within the grace.
+// The attempts a process runs, whichever way they came: claimed in the acceptance commit by
+// this process (role both, docs/durability.md "Run where accepted": no job pickup between
+// acceptance and the provider call), or claimed from a graphile-worker job. It bounds how many
+// run at once (its slots), lets work nobody waits on yield to acceptance (./yield.ts), renews
+// all their leases in one statement per heartbeat (a lease found taken aborts that attempt's
+// provider call), writes each outcome, and at shutdown hands back what cannot finish in time.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createBatchPool, connectionFailed, isConnectionLoss, retryTransient } from '../db/pool.ts';
 import { claimAttempts, renewLeases, type Attempt } from '../db/attempts.ts';
@@ -12,28 +12,24 @@ import { runAttempt, LeaseLost, HandBack, StoreFailed, Cancelled, type ExecutorD
 import { createSettle } from './settle.ts';
 import { createYielder } from './yield.ts';
 import { logger, errorFields } from '../log.ts';
+import type { RunWhereAccepted } from '../deps.ts';
+import { TRACING, trace } from '../trace.ts';
 
 // Jobs a worker pool hands out together are claimed together.
 const MAX_CLAIMS = 256;
 // After the grace, how long hand-backs may take to be written before the process goes anyway.
 const HAND_BACK_WAIT_MS = 10_000;
 
-export type Runner = {
-  /** The lease owner this process's attempts carry (its liveness lock is named by it). */
-  readonly owner: string;
-  /** A submission arrived: takes a slot for an attempt this process will claim at acceptance; false when full or stopping. */
-  reserve(): boolean;
-  /** Gives a reserved slot back (the submission attached to another execution). */
-  release(): void;
-  /** Runs an attempt claimed at acceptance, in the slot reserved for it; `background`: nobody waits on it. */
-  run(a: Attempt, opts: { background: boolean }): void;
-  /** graphile-worker's task: claims the job's request (batched with its neighbours') and runs it. */
-  runJob(requestId: string): Promise<void>;
+export type AttemptRunner = {
+  /** Runs where accepted: the slot is taken before the commit, and freed when it claimed nothing. */
+  runWhereAccepted: RunWhereAccepted;
+  /** graphile-worker's task: claims the job's request (batched with its neighbours') and runs it; `urgent`: somebody may be waiting on it. */
+  runJob(requestId: string, opts?: { urgent?: boolean }): Promise<void>;
   /** Lets attempts finish within the grace, then hands back the rest and waits for that to be written. */
   stop(graceMs: number): Promise<void>;
 };
 
-type Running = { a: Attempt; controller: AbortController; renewedAt: number };
+type Running = { attempt: Attempt; controller: AbortController; renewedAt: number };
 
 /** Why runAttempt threw, as an outcome; anything else is a fault in Sarsen and is rethrown. */
 function interrupted(err: unknown, signal: AbortSignal): Outcome {
@@ -47,13 +43,15 @@ function interrupted(err: unknown, signal: AbortSignal): Outcome {
   throw err;
 }
 
-export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurrency: number }): Runner {
+/** `owner`: the lease owner this process's attempts carry (its liveness lock is named by it). */
+export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; concurrency: number }): AttemptRunner {
   const { owner, concurrency } = opts;
   const { settle, close: closeSettle } = createSettle(deps);
   // Claims and lease renewals: batch statements on a connection of their own.
   const writer = createBatchPool(deps.conn, 'sarsen-claims');
   const yielder = createYielder();
   const active = new Set<Running>();
+  // Slots held by submissions whose acceptance commit may claim for this process.
   let reserved = 0;
   let stopping = false;
 
@@ -62,36 +60,39 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
       const claimed = await retryTransient(() => claimAttempts(writer, ids, owner, deps.settings.current().lease_ms));
       // Two jobs naming one request (a re-dispatch beside a stranded job): only one runs it.
       return ids.map((id) => {
-        const a = claimed.get(id) ?? null;
+        const attempt = claimed.get(id) ?? null;
         claimed.delete(id);
-        return a;
+        return attempt;
       });
     },
     { maxBatch: MAX_CLAIMS },
   );
 
-  const execute = async (a: Attempt, background: boolean): Promise<void> => {
-    const running: Running = { a, controller: new AbortController(), renewedAt: Date.now() };
+  const execute = async (attempt: Attempt, background: boolean): Promise<void> => {
+    const running: Running = { attempt, controller: new AbortController(), renewedAt: Date.now() };
     active.add(running);
     // A cancel heard on the bus stops the call at once; one whose event was lost, at the next renewal.
-    const unsubscribe = deps.bus.onRequest(a.id, (ev) => {
+    const unsubscribe = deps.bus.onRequest(attempt.id, (ev) => {
       if (ev.type === 'cancel') running.controller.abort(new Cancelled('the request was cancelled'));
     });
     try {
       let outcome: Outcome;
       try {
         // Leased meanwhile (the heartbeat renews it); an abort lets it go on to runAttempt, which answers for it.
-        if (background) await yielder.wait(running.controller.signal);
-        outcome = await runAttempt(deps, a, deps.settings.current(), running.controller.signal);
+        if (background) {
+          await yielder.wait(running.controller.signal);
+          if (TRACING) trace(attempt.id, 'yielded');
+        }
+        outcome = await runAttempt(deps, attempt, deps.settings.current(), running.controller.signal);
       } catch (err) {
         outcome = interrupted(err, running.controller.signal);
         running.controller.abort(); // stop the provider call: a zombie must not keep spending tokens
       }
-      await settle(a, outcome);
+      await settle(attempt, outcome);
     } catch (err) {
       // Left running under its lease: the recovery sweep re-dispatches it once the lease expires.
       if (isConnectionLoss(err)) connectionFailed('an attempt\'s outcome could not be written', err);
-      else logger.error('attempt failed unexpectedly', { request_id: a.id, attempt: a.attempt, ...errorFields(err) });
+      else logger.error('attempt failed unexpectedly', { request_id: attempt.id, attempt: attempt.attempt, ...errorFields(err) });
     } finally {
       unsubscribe();
       active.delete(running);
@@ -105,18 +106,18 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
   const renew = async (): Promise<void> => {
     const { heartbeat_ms: heartbeatMs, lease_ms: leaseMs } = deps.settings.current();
     const now = Date.now();
-    const due = [...active].filter((r) => now - r.renewedAt >= heartbeatMs);
+    const due = [...active].filter((running) => now - running.renewedAt >= heartbeatMs);
     if (due.length === 0) return;
     try {
-      const still = await renewLeases(writer, due.map((r) => ({ id: r.a.id, attempt: r.a.attempt, jobId: r.a.jobId })), leaseMs);
-      for (const r of due) {
-        const held = still.get(r.a.id);
+      const still = await renewLeases(writer, due.map(({ attempt }) => ({ id: attempt.id, attempt: attempt.attempt, jobId: attempt.jobId })), leaseMs);
+      for (const running of due) {
+        const held = still.get(running.attempt.id);
         if (!held) {
-          r.controller.abort(new LeaseLost('the lease was lost'));
+          running.controller.abort(new LeaseLost('the lease was lost'));
           continue;
         }
-        r.renewedAt = now;
-        if (held.cancelRequested) r.controller.abort(new Cancelled('the request was cancelled'));
+        running.renewedAt = now;
+        if (held.cancelRequested) running.controller.abort(new Cancelled('the request was cancelled'));
       }
     } catch (err) {
       connectionFailed('lease renewal failed', err);
@@ -128,30 +129,34 @@ export function createRunner(deps: ExecutorDeps, opts: { owner: string; concurre
   tick();
 
   return {
-    owner,
-    reserve() {
+    runWhereAccepted(commit, { background }) {
       yielder.arrival();
-      if (stopping || active.size + reserved >= concurrency) return false;
+      if (stopping || active.size + reserved >= concurrency) return commit(null);
+      // The slot is this submission's until its commit settles: what it claimed runs in it.
       reserved++;
-      return true;
+      return commit(owner).then(
+        (accepted) => {
+          reserved--;
+          if (accepted.claimed) void execute(accepted.claimed, background);
+          return accepted;
+        },
+        (err: unknown) => {
+          reserved--;
+          throw err;
+        },
+      );
     },
-    release() {
-      reserved--;
-    },
-    run(a, { background }) {
-      reserved--;
-      void execute(a, background);
-    },
-    async runJob(requestId) {
-      const a = await claims.add(requestId);
-      if (a) await execute(a, true);
+    async runJob(requestId, opts) {
+      const attempt = await claims.add(requestId);
+      if (TRACING && attempt) trace(attempt.id, 'claimed');
+      if (attempt) await execute(attempt, !opts?.urgent);
     },
     async stop(graceMs) {
       stopping = true;
       yielder.releaseAll();
       const deadline = Date.now() + graceMs;
       while (active.size > 0 && Date.now() < deadline) await sleep(25);
-      for (const r of active) r.controller.abort(new HandBack('the process is stopping'));
+      for (const running of active) running.controller.abort(new HandBack('the process is stopping'));
       const handBackDeadline = Date.now() + HAND_BACK_WAIT_MS;
       while (active.size > 0 && Date.now() < handBackDeadline) await sleep(10);
       if (ticker) clearTimeout(ticker);

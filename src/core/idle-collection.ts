@@ -1,0 +1,53 @@
+// When a process that went idle should collect its garbage (docs/durability.md "Bounded
+// memory"). V8 collects when it allocates, so a process that goes quiet after a burst (readers
+// that left, a load that passed) keeps the burst's garbage, its grown young generation and its
+// freed pages for as long as it stays quiet. One full collection of the kind V8 makes under
+// memory pressure, once it is idle, gives that back to the system.
+//
+// The process is measured against the lowest resident size it had (what it needs at rest).
+// While it stays above that by `growthBytes` and idle, it collects again after a delay that
+// doubles each time: what callers still connected hold becomes garbage when they leave, which a
+// quiet process does not notice, and what stays is live and is collected for rarely. A busy
+// sample, or growth by `growthBytes` over the lowest size since the last collection, starts the
+// delays over.
+
+export type IdleCollectionOptions = Readonly<{
+  /** Resident growth above the resting size that is worth a collection. */
+  growthBytes: number;
+  /** Event-loop utilisation over a sample at or under which the process is idle. */
+  idleUtilization: number;
+  /** Utilisation over which a sample counts as work: the delays start over. */
+  busyUtilization: number;
+  /** The first delay between two collections, and the longest. */
+  firstDelayMs: number;
+  maxDelayMs: number;
+}>;
+
+export type IdleCollection = {
+  /** A sample of the process (`rss` in bytes, the loop's utilisation since the last sample); true: collect now. */
+  sample(now: number, rss: number, utilization: number): boolean;
+};
+
+export function createIdleCollection(opts: IdleCollectionOptions): IdleCollection {
+  let resting = Infinity;
+  let sinceLast = Infinity; // the lowest size since the last collection
+  let last = -Infinity; // when it last collected
+  let collections = 0; // since the delays started over
+  return {
+    sample(now, rss, utilization) {
+      resting = Math.min(resting, rss);
+      sinceLast = Math.min(sinceLast, rss);
+      if (rss - resting < opts.growthBytes) {
+        collections = 0;
+        return false;
+      }
+      if (utilization > opts.busyUtilization || rss - sinceLast >= opts.growthBytes) collections = 0;
+      if (utilization > opts.idleUtilization) return false;
+      if (now < last + Math.min(opts.firstDelayMs * 2 ** Math.max(collections - 1, 0), opts.maxDelayMs)) return false;
+      collections++;
+      last = now;
+      sinceLast = rss;
+      return true;
+    },
+  };
+}
