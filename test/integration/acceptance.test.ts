@@ -5,20 +5,22 @@
 // finds no free slot waits as a job, and what the accepting process was running when it died
 // is run again by another executor.
 import { expect } from 'chai';
-import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
+import { chatCompletionBody, startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
 import { startTestServer, type TestServer } from '../support/server.ts';
 import { startDeployment } from '../support/processes.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until } from '../support/http.ts';
 import type pg from 'pg';
 
-type Job = { task_identifier: string; run_at: Date; locked_at: Date | null; attempts: number; due_in_ms: number };
+type Job = { task_identifier: string; run_at: Date; locked_at: Date | null; attempts: number; due_in_ms: number; past_run_at: boolean };
 
-const jobOf = async (pool: pg.Pool, id: string): Promise<Job[]> =>
+// past_run_at: whether the database's clock has passed `runAt` (a run_at read earlier).
+const jobOf = async (pool: pg.Pool, id: string, runAt: Date | null = null): Promise<Job[]> =>
   (await pool.query<Job>(
-    `SELECT task_identifier, run_at, locked_at, attempts, (extract(epoch FROM run_at - now()) * 1000)::float8 AS due_in_ms
+    `SELECT task_identifier, run_at, locked_at, attempts, (extract(epoch FROM run_at - now()) * 1000)::float8 AS due_in_ms,
+            coalesce(now() > $2::timestamptz, false) AS past_run_at
        FROM graphile_worker.jobs WHERE key = $1`,
-    [id],
+    [id, runAt],
   )).rows;
 const rowOf = async (pool: pg.Pool, id: string) =>
   (await pool.query(`SELECT status, attempts, recoveries, lease_owner FROM sarsen.requests WHERE id = $1`, [id])).rows[0];
@@ -35,7 +37,7 @@ const post = async (t: Tenant, content: string): Promise<{ request_id: string; s
 
 const submit = async (t: Tenant, content: string): Promise<string> => {
   const accepted = await post(t, content);
-  // Accepted is pending (SPEC.md), even when this process already claimed it.
+  // Accepted is pending (the contract), even when this process already claimed it.
   expect(accepted.status).to.equal('pending');
   return accepted.request_id;
 };
@@ -64,7 +66,10 @@ describe('claimed at acceptance (role both)', function () {
     });
 
     it('runs what it accepted at once, keeps its backstop job due past the lease while it runs, and removes it with the answer', async () => {
-      provider.enqueue({ kind: 'default', delayMs: 3500 });
+      // The provider answers only once the test has seen the job moved on, so it cannot finish first.
+      let release!: () => void;
+      const released = new Promise<void>((resolve) => (release = resolve));
+      provider.enqueue({ kind: 'json', body: chatCompletionBody('a long answer'), after: released });
       const id = await submit(t, 'a long answer');
       await provider.waitForRequests(1);
       // Claimed by the statement that accepted it: running under this process's lease.
@@ -75,10 +80,13 @@ describe('claimed at acceptance (role both)', function () {
       expect(job).to.include({ task_identifier: 'execute_request', locked_at: null, attempts: 0 });
       expect(job!.due_in_ms).to.be.within(0, 2000);
       // Past the first lease's end the heartbeat has moved the job on: nobody ran it.
-      await new Promise((r) => setTimeout(r, 2600));
-      const [later] = await jobOf(server.pool, id);
+      const later = await until(async () => {
+        const [moved] = await jobOf(server.pool, id, job!.run_at);
+        return moved?.past_run_at && moved.run_at > job!.run_at ? moved : undefined;
+      });
       expect(later).to.include({ locked_at: null, attempts: 0 });
-      expect(later!.due_in_ms).to.be.above(0);
+      expect(later.due_in_ms).to.be.above(0);
+      release();
       const done = await until(async () => ((await rowOf(server.pool, id)).status === 'succeeded' ? true : undefined), 15_000);
       expect(done).to.equal(true);
       expect(await rowOf(server.pool, id)).to.include({ attempts: 1, recoveries: 0 });

@@ -68,7 +68,7 @@ describe('accounting', function () {
       const row = data[0];
       expect(Object.keys(row)).to.deep.equal([
         'request_id', 'status', 'model', 'dialect', 'streaming', 'api_key_id', 'api_key_prefix', 'backend_id', 'prompt_tokens',
-        'completion_tokens', 'total_tokens', 'cost', 'stored_bytes', 'attempts', 'recoveries', 'created_at', 'started_at', 'finished_at', 'expired',
+        'completion_tokens', 'total_tokens', 'cost', 'stored_bytes', 'attempts', 'recoveries', 'created_at', 'started_at', 'finished_at', 'expired', 'cached_from',
       ]);
       expect(row).to.include({ status: 'succeeded', model: 'gpt-test', dialect: 'chat', streaming: false, api_key_id: t.apiKeyId, backend_id: t.backends.chat, cost: 1000, expired: false });
       expect(row.api_key_prefix).to.equal(t.key.split('_')[1]);
@@ -164,7 +164,7 @@ describe('accounting', function () {
         expect(record.error.error.code).to.equal('upstream_failed');
         let usage = json(await get(t, '/usage'));
         expect(usage).to.include({ accepted_submissions: 1, provider_calls: 0, upstream_sent_bytes: 0, upstream_received_bytes: 0 });
-        expect(usage.api_keys).to.deep.equal([{ api_key_id: t.apiKeyId, ledger_events: 1, provider_calls: 0, prompt_tokens: null, completion_tokens: null, total_tokens: null }]);
+        expect(usage.api_keys).to.deep.equal([{ api_key_id: t.apiKeyId, ledger_events: 1, provider_calls: 0, prompt_tokens: null, completion_tokens: null, total_tokens: null, cache_hits: 0 }]);
 
         // Reached, and cut off before any answer, three times: one provider call, every byte counted.
         provider.enqueue({ kind: 'drop' }, { kind: 'drop' }, { kind: 'drop' });
@@ -191,8 +191,8 @@ describe('accounting', function () {
       await submit(t, chat('stream without usage', { stream: true }));
       const usage = json(await get(t, '/usage'));
       const byKey = Object.fromEntries(usage.api_keys.map((k: { api_key_id: string }) => [k.api_key_id, k]));
-      expect(byKey[t.apiKeyId]).to.deep.equal({ api_key_id: t.apiKeyId, ledger_events: 2, provider_calls: 2, prompt_tokens: null, completion_tokens: null, total_tokens: null });
-      expect(byKey[zero.apiKeyId]).to.deep.equal({ api_key_id: zero.apiKeyId, ledger_events: 1, provider_calls: 1, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 });
+      expect(byKey[t.apiKeyId]).to.deep.equal({ api_key_id: t.apiKeyId, ledger_events: 2, provider_calls: 2, prompt_tokens: null, completion_tokens: null, total_tokens: null, cache_hits: 0 });
+      expect(byKey[zero.apiKeyId]).to.deep.equal({ api_key_id: zero.apiKeyId, ledger_events: 1, provider_calls: 1, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0, cache_hits: 0 });
     });
 
     it('echoes the window start exactly: thirty days ago by default, `since` to the millisecond; a bad `since` is 400', async () => {
@@ -237,7 +237,7 @@ describe('accounting', function () {
       const usage = json(await get(t, `/usage?since=${since}`));
       expect(usage.itemised_since).to.equal(since);
       expect(usage.api_keys).to.deep.equal([
-        { api_key_id: t.apiKeyId, ledger_events: 2, provider_calls: 2, prompt_tokens: 23, completion_tokens: 2, total_tokens: 25 },
+        { api_key_id: t.apiKeyId, ledger_events: 2, provider_calls: 2, prompt_tokens: 23, completion_tokens: 2, total_tokens: 25, cache_hits: 0 },
       ]);
       const all = json(await get(t, `/usage?since=${since - 3_600_000}`));
       expect(all.api_keys[0]).to.include({ ledger_events: 3, provider_calls: 3, prompt_tokens: 123 });

@@ -298,4 +298,29 @@ namespaces:
     registerSecret(lines.at(-1)!.split(': ')[1]!);
     expect(await apply(file, { env: keys })).to.deep.equal(['tenancy example: 0 changes, 6 unchanged']);
   });
+
+  it('sets a namespace\'s response cache and a key\'s rate limits; a change of limits alone keeps the key', async () => {
+    await createTenancy(pool, 'paced');
+    const cfg = (limits: object | undefined, cache: number | null) => ({
+      tenancy: 'paced',
+      namespaces: [{ name: 'main', cache_ttl_minutes: cache, api_keys: [{ name: 'batch', grants: ['use'], ...(limits ? { limits } : {}) }] }],
+    });
+    const issued = await apply(write('paced.json', cfg({ requests_per_minute: 60 }, 30)));
+    expect(issued.slice(0, 3)).to.deep.equal(['tenancy paced: 2 changes, 0 unchanged', '+ namespace main', '+ api key main/batch']);
+    registerSecret(issued.at(-1)!.split(': ')[1]!);
+    const row = async () =>
+      (await pool.query(
+        `SELECT k.id, k.requests_per_minute, k.tokens_per_minute, n.cache_ttl_minutes FROM sarsen.api_keys k JOIN sarsen.namespaces n ON n.id = k.namespace_id
+          JOIN sarsen.tenancies t ON t.id = n.tenancy_id WHERE t.slug = 'paced' AND k.revoked_at IS NULL`,
+      )).rows;
+    const [before] = await row();
+    expect(before).to.include({ requests_per_minute: 60, tokens_per_minute: null, cache_ttl_minutes: 30 });
+    expect(await apply(write('paced.json', cfg({ requests_per_minute: 60 }, 30)))).to.deep.equal(['tenancy paced: 0 changes, 2 unchanged']);
+
+    const changed = await apply(write('paced.json', cfg({ tokens_per_minute: 9000 }, null)));
+    expect(changed).to.deep.equal(['tenancy paced: 2 changes, 0 unchanged', '~ namespace main (cache_ttl_minutes)', '~ api key main/batch (limits)', 'applied']);
+    const after = await row();
+    expect(after).to.deep.equal([{ id: before.id, requests_per_minute: null, tokens_per_minute: 9000, cache_ttl_minutes: null }]);
+    expect((await apply(write('paced.json', cfg(undefined, null)))).slice(1)).to.deep.equal(['~ api key main/batch (limits)', 'applied']);
+  });
 });

@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startTestServer, type TestServer } from '../support/server.ts';
-import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
+import { startFakeProvider, chatCompletionBody, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { spawnSarsen } from '../support/child.ts';
 import { until } from '../support/http.ts';
@@ -126,12 +126,25 @@ describe('sarsen batch run', function () {
     const lines = Array.from({ length: 2000 }, (_, i) => chatLine(`r${i}`, `resume ${i}`));
     const file = writeLines('resume.jsonl', lines);
     const out = path.join(dir, 'resume-results.jsonl');
-    const first = run(file, out, ['--concurrency', '8']);
-    await until(async () => {
-      const state = fs.existsSync(`${out}.state`) ? fs.readFileSync(`${out}.state`, 'utf8') : '';
-      return state.split('\n').length > 1000 ? true : undefined;
-    }, 120_000, 20);
-    await first.kill('SIGKILL');
+    // The provider answers the last 500 lines only after the kill: the first run cannot finish.
+    let afterKill!: () => void;
+    const killed = new Promise<void>((r) => (afterKill = r));
+    const off = provider.rule((e) => {
+      const content = e.json?.messages?.[0]?.content as string | undefined;
+      if (!content?.startsWith('resume ') || Number(content.slice('resume '.length)) < 1500) return undefined;
+      return { kind: 'json', body: chatCompletionBody(`answer to ${content}`), after: killed };
+    });
+    try {
+      const first = run(file, out, ['--concurrency', '8']);
+      await until(async () => {
+        const state = fs.existsSync(`${out}.state`) ? fs.readFileSync(`${out}.state`, 'utf8') : '';
+        return state.split('\n').length > 1000 ? true : undefined;
+      }, 120_000, 20);
+      await first.kill('SIGKILL');
+    } finally {
+      afterKill();
+      off();
+    }
     expect(fs.existsSync(out)).to.equal(false);
 
     const second = run(file, out);

@@ -14,7 +14,8 @@ import { createTestDatabase, testPool } from '../support/db.ts';
 import { track } from '../support/resources.ts';
 import { rawRequest, json, until } from '../support/http.ts';
 import { createBus } from '../../src/bus/bus.ts';
-import { CHANNEL, type RequestEvent } from '../../src/db/events.ts';
+import { CHANNEL, tagChannel, type RequestEvent } from '../../src/db/events.ts';
+import { PROCESS_TAG } from '../../src/core/ids.ts';
 
 describe('request events travel only to other processes', function () {
   this.timeout(60_000);
@@ -28,13 +29,15 @@ describe('request events travel only to other processes', function () {
     provider = await startFakeProvider();
     server = await startTestServer();
     t = await provision(server, provider);
-    // An onlooker that is not a Sarsen bus: it hears what is sent, and counts as no peer.
+    // An onlooker that is not a Sarsen bus: it hears what is sent, on the shared channel and
+    // on the channel of the process that accepts this test's requests, and counts as no peer.
     listener = new pg.Client({ ...server.db.conn, application_name: 'onlooker' });
     await listener.connect();
+    const channels = [CHANNEL, tagChannel(PROCESS_TAG)];
     listener.on('notification', (n) => {
-      if (n.channel === CHANNEL && n.payload?.startsWith('R ')) heard.push(n.payload);
+      if (channels.includes(n.channel) && n.payload?.startsWith('R ')) heard.push(n.payload);
     });
-    await listener.query(`LISTEN ${CHANNEL}`);
+    await listener.query(`LISTEN ${CHANNEL}; LISTEN "${channels[1]}"`);
   });
   after(async () => {
     await listener?.end();

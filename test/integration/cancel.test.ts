@@ -4,14 +4,14 @@
 // `event: failed`, and answers a held caller with the `cancelled` envelope.
 import { expect } from 'chai';
 import { startTestServer, type TestServer } from '../support/server.ts';
-import { startFakeProvider, messagesFrames, type FakeProvider } from '../support/fake-provider.ts';
+import { startFakeProvider, messagesFrames, responsesFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { startDeployment, type Deployment, type SarsenProcess } from '../support/processes.ts';
 import { rawRequest, json, until } from '../support/http.ts';
 import { testPool } from '../support/db.ts';
 import { setPrice } from '../../src/db/accounting.ts';
 import { addUser, call, signIn, type Account } from '../support/control-plane.ts';
-import { postStream, replayStream, failedEventData, STORED_SEQ } from './streaming-support.ts';
+import { postStream, replayStream, failedEventData, STORED_SEQ, bytesOf, stripIds, gate, requestIdByMarker } from './streaming-support.ts';
 
 const CANCELLED = { error: { code: 'cancelled', message: 'The request was cancelled.' } };
 
@@ -75,8 +75,12 @@ describe('explicit cancel', function () {
       });
       const pool = testPool(server.db.conn);
       try {
+        // By its body: the previous test leaves a pending request of its own behind.
         const id = await until(async () => {
-          const q = await pool.query(`SELECT id FROM sarsen.requests WHERE status = 'pending' ORDER BY id DESC LIMIT 1`);
+          const q = await pool.query(
+            `SELECT q.id FROM sarsen.requests q JOIN sarsen.request_bodies b ON b.request_id = q.id
+              WHERE q.status = 'pending' AND b.body LIKE '%held then cancelled%'`,
+          );
           return q.rows[0]?.id as string | undefined;
         });
         expect((await client(t).cancel(id)).status).to.equal(200);
@@ -184,6 +188,41 @@ describe('explicit cancel', function () {
         expect(json(again)).to.deep.equal({ request_id: id, status: 'failed' });
       } finally {
         await pool.end();
+      }
+    });
+
+    it('a Responses stream: the call is aborted, the frames stored before the cancel stay, and the stream ends with event: failed', async () => {
+      const frames = responsesFrames(['one ', 'two ', 'three']);
+      // The provider holds its third delta (frame 6) until the test is done: the cancel lands mid-stream.
+      const held = gate();
+      provider.enqueue({ kind: 'sse', frames, waitBefore: { 6: held.until } });
+      const live = postStream(t, '/responses', { model: 'gpt-test', input: 'cancel this response', stream: true });
+      try {
+        await provider.waitUntil(() => provider.journal.some((e) => e.path === '/v1/responses'));
+        const id = await requestIdByMarker(server.db, 'cancel this response');
+        await live.waitFor((text) => text.includes('"delta":"two "'));
+        const res = await client(t).cancel(id);
+        expect(res.status).to.equal(202);
+        expect(json(res)).to.deep.equal({ request_id: id, status: 'running' });
+
+        const done = await live.done;
+        expect(done.status).to.equal(200);
+        expect(done.body.subarray(0, bytesOf(frames.slice(0, 6)).length).equals(bytesOf(frames.slice(0, 6)))).to.equal(true);
+        expect(failedEventData(done.body.toString())).to.deep.equal(CANCELLED);
+        const call = provider.journal.find((e) => e.path === '/v1/responses')!;
+        await provider.waitUntil(() => call.clientAborted);
+
+        // The record: failed by the cancel, its frames those the provider sent before it.
+        const record = await client(t).record(id);
+        expect(record).to.include({ status: 'failed', dialect: 'responses', streaming: true });
+        expect(record.error).to.deep.equal(CANCELLED);
+        expect(record.attempt_log.map((e: any) => [e.attempt, e.outcome])).to.deep.equal([[1, 'cancelled']]);
+        const replay = await replayStream(t, id).done;
+        const replayed = replay.body.toString('latin1');
+        expect(stripIds(replayed.slice(0, replayed.indexOf('event: failed'))).equals(bytesOf(frames.slice(0, 6)))).to.equal(true);
+        expect(failedEventData(replay.body.toString())).to.deep.equal(CANCELLED);
+      } finally {
+        held.open();
       }
     });
 

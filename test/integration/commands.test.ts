@@ -5,7 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { createEmptyDatabase, createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
 import { makeSecretsDir, sarsenEnv, spawnSarsen, type SecretsDir } from '../support/child.ts';
-import { registerSecret } from '../support/log-guard.ts';
+import { allowPrintedLine, registerSecret } from '../support/log-guard.ts';
 import { SETTING_SCHEMAS } from '../../src/config/settings.ts';
 
 describe('sarsen command', function () {
@@ -142,8 +142,11 @@ describe('sarsen command', function () {
       try {
         const created = await run('tenancy', 'create', 'billed', '--owner', 'owner@billed.test');
         expect(created.code, created.out).to.equal(0);
-        const pw = /^password: (\S+)$/m.exec(created.out)?.[1];
-        if (pw) registerSecret(pw);
+        const shown = /^password: (\S+)$/m.exec(created.out);
+        if (shown) {
+          registerSecret(shown[1]);
+          allowPrintedLine(shown[0]);
+        }
         expect(await run('credit', 'grant', 'billed', '5000000')).to.deep.include({ code: 0 });
         const again = await run('credit', 'grant', 'billed', '1000000');
         expect(again.out).to.match(/^balance: 6000000$/m);

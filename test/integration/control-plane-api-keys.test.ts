@@ -43,7 +43,7 @@ describe('control plane: API keys', () => {
       expect(read.text).not.to.match(/"key"|secret_hash/);
     }
     const one = await call(server.url, 'GET', `${base}/${res.body.api_key_id}`, { token });
-    expect(one.body).to.have.all.keys('api_key_id', 'prefix', 'name', 'grants', 'spend_limit', 'created_at', 'last_used_at', 'revoked_at');
+    expect(one.body).to.have.all.keys('api_key_id', 'prefix', 'name', 'grants', 'spend_limit', 'limits', 'created_at', 'last_used_at', 'revoked_at');
   });
 
   it('takes ["use"] or ["use","manage"] in either order, and a spend limit', async () => {

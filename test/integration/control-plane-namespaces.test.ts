@@ -22,7 +22,7 @@ describe('control plane: tenancy and namespaces', () => {
   it('creates a namespace and answers its fields, effective retention included', async () => {
     const res = await post('/acme/v1/namespaces', { name: 'prod' });
     expect(res.status).to.equal(201);
-    expect(res.body).to.have.all.keys('namespace_id', 'name', 'retention_minutes', 'effective_retention_minutes', 'spend_limit', 'created_at');
+    expect(res.body).to.have.all.keys('namespace_id', 'name', 'retention_minutes', 'effective_retention_minutes', 'spend_limit', 'cache_ttl_minutes', 'created_at');
     expect(res.body.namespace_id).to.match(/^ns_[0-9A-HJKMNP-TV-Z]{26}$/);
     expect(res.body).to.include({ name: 'prod', retention_minutes: null, effective_retention_minutes: HORIZON, spend_limit: null });
     expect(Date.parse(res.body.created_at)).to.be.closeTo(Date.now(), 60_000);

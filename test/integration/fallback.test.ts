@@ -95,6 +95,29 @@ describe('fallback backends', function () {
     ]);
   });
 
+  it('a Responses request after a 503: the fallback answers, called at its own address + /responses', async () => {
+    primary.enqueue({ kind: 'refuse', status: 503 });
+    const body = { model: 'overloaded', input: `fallback ${++unique}` };
+    const res = await rawRequest(`${t.base}/responses`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
+      body: JSON.stringify(body),
+    });
+    expect(res.status, res.body.toString()).to.equal(200);
+    expect(json(res).object).to.equal('response');
+    expect(primary.journal.map((e) => e.path)).to.deep.equal(['/v1/responses']);
+    // The backup's address is `${second.url}/v1`: the path is the address's, then /responses.
+    expect(second.journal.map((e) => e.path)).to.deep.equal(['/v1/responses']);
+    expect(second.journal[0]!.json).to.deep.equal(body);
+    expect(second.journal[0]!.headers.authorization).to.equal('Bearer sk-fallback-test');
+    const { record } = await recordOf('overloaded');
+    expect(record).to.include({ dialect: 'responses', backend_id: backup });
+    expect(record.attempt_log.map((e: any) => [e.outcome, e.status, e.backend_id])).to.deep.equal([
+      ['retried', 503, t.backends.chat],
+      ['succeeded', 200, backup],
+    ]);
+  });
+
   it('no fallback after a 400: the refusal passes through and the fallback is never called', async () => {
     primary.enqueue({ kind: 'refuse', status: 400 });
     const res = await ask('overloaded');

@@ -62,6 +62,18 @@ describe('storing stream frames again', function () {
       // Other bytes under a stored sequence number are not this flush's: they are refused.
       const other = await storeFrames(pool, [{ ...row, frame: Buffer.from('data: {"other":1}\n\n') }], 'test');
       expect(other.has(id)).to.equal(false);
+      // One flush may carry a discarded attempt's last frames beside the live attempt's: only the
+      // live attempt's are stored, and only their bytes are counted.
+      const live = { requestId: id, attempt, seq: 1001, frame: Buffer.from('data: {"live":1}\n\n') };
+      const discarded = { requestId: id, attempt: attempt - 1, seq: 1002, frame: Buffer.from('data: {"discarded":1}\n\n') };
+      const mixed = await storeFrames(pool, [live, discarded], 'test');
+      expect(mixed.get(id)).to.deep.equal({ attempt, seq: 1001 });
+      const { rows: kept } = await pool.query<{ last_seq: number; attempt: number }>(
+        'SELECT last_seq, attempt FROM sarsen.chunks WHERE request_id = $1 AND last_seq >= 1001 ORDER BY last_seq',
+        [id],
+      );
+      expect(kept).to.deep.equal([{ last_seq: 1001, attempt }]);
+      expect(await chunkBytes()).to.equal(before + frame.length + live.frame.length);
       await pool.query(`UPDATE sarsen.requests SET status = 'failed', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL WHERE id = $1`, [id]);
     } finally {
       await pool.end();

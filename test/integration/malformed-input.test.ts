@@ -10,6 +10,26 @@ import { provision, type Tenant } from '../support/tenant.ts';
 import { socketRequest, requestHead, rawRequest, json, routeTable, until, type RawResponse } from '../support/http.ts';
 import { call } from '../support/control-plane.ts';
 
+/** Writes `bytes` on a connection of its own, ends the client's side, and reads the answer until the server closes. */
+function sendAndEnd(url: string, bytes: Buffer): Promise<RawResponse> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    const socket = net.connect(Number(port), hostname, () => socket.end(bytes));
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    socket.on('error', reject);
+    socket.on('close', () => {
+      const raw = Buffer.concat(chunks);
+      const split = raw.indexOf('\r\n\r\n');
+      if (split < 0) return reject(new Error(`no answer: ${JSON.stringify(raw.toString('latin1'))}`));
+      const [statusLine, ...lines] = raw.subarray(0, split).toString('latin1').split('\r\n');
+      const headers: Record<string, string> = {};
+      for (const line of lines) headers[line.slice(0, line.indexOf(':')).toLowerCase()] = line.slice(line.indexOf(':') + 1).trim();
+      resolve({ status: Number(statusLine!.split(' ')[1]), headers, body: raw.subarray(split + 4) });
+    });
+  });
+}
+
 describe('malformed input', function () {
   this.timeout(60_000);
   let server: TestServer;
@@ -60,7 +80,7 @@ describe('malformed input', function () {
       });
     }
 
-    it('a tab still passes the parser and the header is dropped, not sent (SPEC.md Authentication 6)', async () => {
+    it('a tab still passes the parser and the header is dropped, not sent (a header carrying a control character)', async () => {
       const res = await socketRequest(t.base, submission([['anthropic-beta', 'a\tb'], ['anthropic-other', 'kept']]), body);
       expect(res.status, res.body.toString()).to.equal(200);
       expect(provider.journal[0]!.headers['anthropic-beta']).to.equal(undefined);
@@ -107,6 +127,86 @@ describe('malformed input', function () {
     const chunked = Buffer.concat([Buffer.from(`${body.length.toString(16)}\r\n`), body, Buffer.from('\r\n0\r\n\r\n')]);
     envelope(await socketRequest(t.base, head, chunked));
     expect(provider.journal).to.have.length(0);
+  });
+
+  describe('a chunked body the parser refuses, after the route began reading it', () => {
+    // Byte-level: the head is valid, the route takes the request, and the parser stops inside
+    // the body. Each is answered in the envelope (the connection then closes), nothing reaches
+    // the provider, and the server goes on serving.
+    const cases: [string, Buffer, RegExp][] = [
+      ['a chunk size that is not hexadecimal (zz)', Buffer.from('zz\r\n{}\r\n0\r\n\r\n'), /chunk size .*not a hexadecimal number/],
+      ['a chunk size that overflows', Buffer.from('fffffffffffffffffff\r\n{}\r\n0\r\n\r\n'), /chunk size .*larger than this server accepts/],
+      ['a chunk extension holding a control character', Buffer.from('2;\u0001x\r\n{}\r\n0\r\n\r\n'), /chunk extension/],
+      ['chunk data longer than its size', Buffer.from('2\r\n{}XX\r\n0\r\n\r\n'), /not followed by CRLF/],
+      ['chunk data cut short by the end of the connection', Buffer.from('20\r\n{"model":'), /ended before the request was complete/],
+    ];
+    for (const [label, chunked, message] of cases) {
+      for (const route of ['/requests', '/chat/completions']) {
+        it(`${label}, on POST ${route}: 400 bad_request in the envelope`, async () => {
+          const url = new URL(t.base);
+          const head = requestHead('POST', `${url.pathname}${route}`, [
+            ['host', url.host],
+            ['content-type', 'application/json'],
+            ['transfer-encoding', 'chunked'],
+            ['connection', 'close'],
+            ['x-sarsen-key', t.key],
+          ]);
+          // The client sends all it has, then ends its side (a truncated body's only ending).
+          const res = await sendAndEnd(t.base, Buffer.concat([head, chunked]));
+          expect(envelope(res)).to.match(message);
+          expect(provider.journal).to.have.length(0);
+          expect((await rawRequest(`${server.url}/healthz`)).status).to.equal(200);
+        });
+      }
+    }
+
+    it('pipelined behind a request still being answered: that answer first, then the envelope', async () => {
+      provider.enqueue({ kind: 'default', delayMs: 300 });
+      const url = new URL(t.base);
+      const own = Buffer.from(JSON.stringify({ model: 'gpt-test', messages: [{ role: 'user', content: 'pipelined' }] }));
+      const first = requestHead('POST', `${url.pathname}/chat/completions`, [
+        ['host', url.host],
+        ['content-type', 'application/json'],
+        ['content-length', String(own.length)],
+        ['x-sarsen-key', t.key],
+      ]);
+      const second = requestHead('POST', `${url.pathname}/requests`, [
+        ['host', url.host],
+        ['content-type', 'application/json'],
+        ['transfer-encoding', 'chunked'],
+        ['x-sarsen-key', t.key],
+      ]);
+      // (The client keeps its side open: a sync route takes a half-closed connection for a caller gone.)
+      const res = await socketRequest(t.base, Buffer.concat([first, own, second]), Buffer.from('zz\r\n'));
+      expect(res.status, res.body.toString()).to.equal(200);
+      const text = res.body.toString('latin1');
+      const next = text.slice(text.indexOf('HTTP/1.1 '));
+      expect(next).to.match(/^HTTP\/1\.1 400 /);
+      expect(next).to.include('"code":"bad_request"');
+      expect(provider.journal).to.have.length(1);
+    });
+
+    it('a route that answered before reading the body keeps its answer: no second one follows, the connection closes', async () => {
+      const url = new URL(t.base);
+      const head = requestHead('POST', `${url.pathname}/requests`, [
+        ['host', url.host],
+        ['content-type', 'application/json'],
+        ['transfer-encoding', 'chunked'],
+        ['x-sarsen-key', `sar_wrongkey_${'x'.repeat(40)}`],
+      ]);
+      const socket = net.connect(Number(url.port), url.hostname);
+      const received: Buffer[] = [];
+      const closed = new Promise<void>((resolve) => socket.on('close', () => resolve()));
+      socket.on('data', (c: Buffer) => received.push(c));
+      socket.on('error', () => undefined);
+      socket.write(head);
+      await until(async () => (Buffer.concat(received).toString('latin1').includes('"code":"unauthorised"') ? true : undefined), 10_000, 10);
+      socket.write('zz\r\n{}\r\n0\r\n\r\n');
+      await closed;
+      const text = Buffer.concat(received).toString('latin1');
+      expect(text).to.match(/^HTTP\/1\.1 401 /);
+      expect(text.match(/HTTP\/1\.1 /g)).to.have.length(1);
+    });
   });
 
   describe('U+0000', () => {
@@ -200,10 +300,13 @@ describe('malformed input', function () {
       'POST /:tenancy/v1/namespaces/:ns/routing-rules': { body: { model: 'm-*', backend_id: 'bk_none', rewrite_model: 'm' } },
       'PATCH /:tenancy/v1/namespaces/:ns/routing-rules/:rule_id': { body: { model: 'm2-*', backend_id: 'bk_none' } },
       'POST /:tenancy/v1/namespaces/:ns/api-keys': { body: { name: 'k2', grants: ['use'] } },
+      // Numbers only: no string to carry a NUL, listed so that every body route is accounted for.
+      'PATCH /:tenancy/v1/namespaces/:ns/api-keys/:api_key_id': { body: { limits: { requests_per_minute: 10 } } },
       'POST /:tenancy/v1/users': { body: { email: 'new@example.com', role: 'viewer' } },
       'PATCH /:tenancy/v1/users/:user_id': { body: { role: 'viewer' } },
       'POST /:tenancy/:namespace/v1/chat/completions': { body: { model: 'gpt-test', messages: [{ role: 'user', content: 'hi' }] }, free: ['messages.0.role', 'messages.0.content'] },
       'POST /:tenancy/:namespace/v1/messages': { body: { model: 'claude-test', max_tokens: 5, messages: [{ role: 'user', content: 'hi' }] }, free: ['messages.0.role', 'messages.0.content'] },
+      'POST /:tenancy/:namespace/v1/responses': { body: { model: 'gpt-test', input: [{ role: 'user', content: 'hi' }] }, free: ['input.0.role', 'input.0.content'] },
       'POST /:tenancy/:namespace/v1/requests': { body: { model: 'gpt-test', messages: [{ role: 'user', content: 'hi' }] }, free: ['messages.0.role', 'messages.0.content'] },
     };
     // POST routes that read no body at all.

@@ -1,7 +1,8 @@
-// /metrics after a mixed run: every family the README documents, with values that follow the
+// /metrics after a mixed run: every family docs/operations.md documents, with values that follow the
 // traffic this test drives (read as differences, since the registry is the process's), labels
 // that never carry an id, a key or a model; the optional bearer token; the access log.
 import { expect } from 'chai';
+import fs from 'node:fs';
 import { startTestServer, testSecrets, type TestServer } from '../support/server.ts';
 import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
@@ -127,6 +128,12 @@ describe('metrics', function () {
       for (const family of ['sarsen_recoveries_total', 'sarsen_hand_backs_total', 'sarsen_bus_reconnects_total', 'sarsen_swept_total', 'sarsen_process_resident_memory_bytes']) {
         expect(text).to.include(`# TYPE ${family}`);
       }
+      // Every family the operations page's Metrics table names is exposed (`_*` rows: some family with that prefix).
+      const page = fs.readFileSync('docs/operations.md', 'utf8');
+      const section = page.slice(page.indexOf('## Metrics'), page.indexOf('\n## ', page.indexOf('## Metrics') + 1));
+      const documented = [...section.matchAll(/`(sarsen_[a-z_]+\*?)`/g)].map((m) => m[1]!);
+      expect(documented.length).to.be.at.least(19);
+      for (const family of documented) expect(text, family).to.include(`# TYPE ${family.replace(/\*$/, '')}`);
       // Bounded labels: no request id, key, model or prompt anywhere in the exposition.
       for (const never of ['req_', t.key, t.apiKeyId, 'gpt-metrics', 'nothing-routes-this', 'fire and forget']) expect(text).to.not.include(never);
 

@@ -97,8 +97,15 @@ describe('caller-credential backends', function () {
     const pending = send('/chat/completions', chat('recovered'), { authorization: `Bearer ${mine}` });
     await provider.waitForRequests(1);
     const id = (await sealedRows())[0]!.request_id;
-    // The lease lapses as a partitioned worker's would; the sweep re-dispatches the request.
-    await server.pool.query(`UPDATE sarsen.requests SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, [id]);
+    // The lease lapses as a partitioned worker's would: its renewals do not land (the worker
+    // still renews it here, so it is made to lapse again until the sweep took the request over).
+    await until(async () => {
+      const { rowCount } = await server.pool.query(
+        `UPDATE sarsen.requests SET lease_expires_at = now() - interval '1 second' WHERE id = $1 AND status = 'running' AND recoveries = 0`,
+        [id],
+      );
+      return rowCount === 0 ? true : undefined;
+    }, 30_000, 50);
     const res = await pending;
     expect(res.status).to.equal(200);
     const rec = json(await rawRequest(`${t.base}/requests/${id}`, { headers: { 'x-sarsen-key': t.key } }));

@@ -90,3 +90,46 @@ describe('npm start in a private directory', function () {
     }
   });
 });
+
+// A container's root often has no `postgres` user: embedded PostgreSQL then runs as `nobody`.
+// The machine's user table is hidden from the command by a mount namespace of its own (root only).
+if (process.getuid?.() === 0) {
+  describe('npm start as root with no postgres user', function () {
+    this.timeout(120_000);
+    let base: string;
+    before(() => {
+      base = fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-nopostgres-'));
+      checkout(path.join(base, 'sarsen'));
+      const users = fs.readFileSync('/etc/passwd', 'utf8').split('\n').filter((l) => !l.startsWith('postgres:'));
+      fs.writeFileSync(path.join(base, 'passwd'), users.join('\n'));
+    });
+    after(() => fs.rmSync(base, { recursive: true, force: true }));
+
+    it('runs PostgreSQL as nobody, answers /readyz and stops cleanly', async () => {
+      const env: NodeJS.ProcessEnv = { ...process.env, CTX_LOG_LEVEL: 'info' };
+      for (const key of Object.keys(env)) if (key.startsWith('CTX_DATABASE_') || key === 'CTX_DATA_DIR' || key === 'CTX_SECRETS_DIR') delete env[key];
+      const script = `mount --bind '${path.join(base, 'passwd')}' /etc/passwd && id -u postgres 2>/dev/null && exit 3; exec npm start -- --port 0`;
+      const npm = spawnProcess('unshare', ['-m', 'sh', '-c', script], { cwd: path.join(base, 'sarsen'), env, detached: true, label: 'npm start (no postgres user)' });
+      try {
+        const [, url] = await npm.waitFor(/"url":"(http:[^"]+)"/, 90_000);
+        expect((await fetch(`${url}/readyz`)).status).to.equal(200);
+        const cluster = path.join(base, 'sarsen', '.sarsen', 'pg');
+        const nobody = Number(fs.readFileSync('/etc/passwd', 'utf8').split('\n').find((l) => l.startsWith('nobody:'))!.split(':')[2]);
+        expect(fs.statSync(path.join(cluster, 'PG_VERSION')).uid).to.equal(nobody);
+        expect(npm.output()).to.include('let the nobody user through a directory');
+        process.kill(-npm.child.pid!, 'SIGINT');
+        const exit = await npm.exited;
+        expect(exit.code === 0 || exit.signal === 'SIGINT', npm.output()).to.equal(true);
+        expect(npm.output()).to.include('sarsen stopped');
+        expect(fs.existsSync(path.join(cluster, 'postmaster.pid')), 'PostgreSQL still running').to.equal(false);
+      } finally {
+        try {
+          process.kill(-npm.child.pid!, 'SIGKILL');
+        } catch {
+          // none is left
+        }
+        await npm.exited;
+      }
+    });
+  });
+}

@@ -2,10 +2,12 @@
 // killed with SIGKILL, and another executor taking the request over.
 import { expect } from 'chai';
 import http from 'node:http';
-import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fake-provider.ts';
+import { startFakeProvider, chatFrames, chatCompletionBody, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { startDeployment, type Deployment, type SarsenProcess } from '../support/processes.ts';
+import { spawnSarsen, sarsenEnv, type SarsenChild } from '../support/child.ts';
 import { rawRequest, json, until } from '../support/http.ts';
+import { settled } from '../support/chaos.ts';
 import { recountStorage } from '../../src/db/accounting.ts';
 
 type Replayer = { text(): string; done: Promise<string>; close(): void };
@@ -54,6 +56,69 @@ describe('surviving worker death', function () {
         const { code, signal } = await p.kill('SIGTERM');
         if (signal !== 'SIGKILL') expect(code, p.output()).to.equal(0);
       }
+    }
+  });
+
+  it('the recovered attempt goes ahead of a backlog of new work, however long that backlog is', async () => {
+    provider.reset();
+    const api = await d.start('api');
+    // Two attempts at a time each, so new work queues up once both are full.
+    const small = async (): Promise<SarsenChild & { owner: string }> => {
+      const child = spawnSarsen(['--role', 'executor', '--port', '0', '--executor-concurrency', '2'], sarsenEnv(d.db.conn, d.secrets.dir));
+      const [, owner] = await child.waitFor(/"owner":"(wrk_[0-9A-Z]+)"/);
+      return { ...child, owner: owner! };
+    };
+    const executors: (SarsenChild & { owner: string })[] = [];
+    try {
+      const tenant = await provision(d.asServer(api), provider);
+      const markerOf = (e: { json?: any }) => e.json?.messages?.[0]?.content as string | undefined;
+      // A `hold-` request's first call never answers (it keeps its slot until cancelled or its
+      // process dies); any other call answers at once.
+      provider.rule((entry) => {
+        const marker = markerOf(entry);
+        if (!marker) return undefined;
+        const first = !provider.journal.some((e) => markerOf(e) === marker); // (this call is not in it yet)
+        return marker.startsWith('hold-') && first ? { kind: 'hang' } : { kind: 'json', body: chatCompletionBody(marker) };
+      });
+      const submit = async (marker: string) => {
+        const res = await rawRequest(`${tenant.base}/requests`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-sarsen-key': tenant.key },
+          body: JSON.stringify({ model: 'gpt-test', messages: [{ role: 'user', content: marker }] }),
+        });
+        expect(res.status).to.equal(202);
+        return json(res).request_id as string;
+      };
+      const runningOn = (id: string) =>
+        until(async () => (await d.pool.query(`SELECT lease_owner FROM sarsen.requests WHERE id = $1 AND status = 'running'`, [id])).rows[0]?.lease_owner as string | undefined);
+
+      // The victim runs two held requests, then the survivor two more: both are full.
+      executors.push(await small());
+      const victim = [await submit('hold-v0'), await submit('hold-v1')];
+      for (const id of victim) expect(await runningOn(id)).to.equal(executors[0]!.owner);
+      executors.push(await small());
+      const survivor = [await submit('hold-s0'), await submit('hold-s1')];
+      for (const id of survivor) expect(await runningOn(id)).to.equal(executors[1]!.owner);
+      const backlog = [];
+      for (let i = 0; i < 8; i++) backlog.push(await submit(`backlog-${i}`));
+
+      await executors[0]!.kill('SIGKILL');
+      await until(async () => ((await d.pool.query(`SELECT count(*)::int AS n FROM sarsen.requests WHERE id = ANY($1) AND recoveries = 1`, [victim])).rows[0].n === 2 ? true : undefined));
+      // The survivor gets a free slot: the recovered attempts are what it runs next.
+      for (const id of survivor) {
+        const res = await rawRequest(`${tenant.base}/requests/${id}/cancel`, { method: 'POST', headers: { 'x-sarsen-key': tenant.key } });
+        expect(res.status, res.body.toString()).to.be.oneOf([200, 202]);
+      }
+      await settled(d.pool, [...victim, ...survivor, ...backlog], 60_000);
+      const calls = provider.journal.map(markerOf);
+      const firstRecovered = Math.min(...victim.map((_, i) => calls.lastIndexOf(`hold-v${i}`)));
+      expect(firstRecovered, calls.join(', ')).to.be.greaterThan(calls.indexOf('hold-s1'));
+      // Ahead of every backlog job but those the survivor's local queue (as deep as its
+      // concurrency) may have fetched before the recovery.
+      const ahead = calls.slice(0, firstRecovered).filter((m) => m?.startsWith('backlog-'));
+      expect(ahead.length, `calls in order: ${calls.join(', ')}`).to.be.at.most(2);
+    } finally {
+      for (const p of [api, ...executors]) await p.kill('SIGKILL');
     }
   });
 

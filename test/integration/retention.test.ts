@@ -56,7 +56,7 @@ describe('retention', function () {
   };
 
   it('applies each combination of namespace and tenancy horizons, clamped to the metadata horizon', async () => {
-    // [namespace, tenancy] -> effective minutes (SPEC.md Retention rules 1-4)
+    // [namespace, tenancy] -> effective minutes (the retention rules)
     const cases: [number | null, number | null, number][] = [
       [null, null, HORIZON], [null, 0, HORIZON], [null, 60, 60],
       [0, null, HORIZON], [0, 0, HORIZON], [0, 60, HORIZON],

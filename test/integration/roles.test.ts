@@ -46,8 +46,9 @@ describe('roles and graceful shutdown', function () {
       await new Promise((r) => setTimeout(r, 1000));
       expect(await record(t, id)).to.include({ status: 'pending', attempts: 0 });
       expect(provider.journal).to.have.length(0);
-      // Operators find a request's pending work by its id (README "Inspecting the queue"). The
-      // job is written as add_job writes it, with the notice that wakes the worker pools.
+      // Operators find a request's pending work by its id (docs/operations.md "Inspecting the
+      // queue"). The job is written as add_job writes it, with the notice that wakes the worker
+      // pools.
       const job = await d.pool.query(
         `SELECT task_identifier, queue_name, priority, attempts, max_attempts, revision, locked_at, run_at <= now() AS due, flags
            FROM graphile_worker.jobs WHERE key = $1`,

@@ -3,6 +3,7 @@ import { startTestServer, type TestServer } from '../support/server.ts';
 import { testPool } from '../support/db.ts';
 import { setSetting, parseSettings, SETTING_SCHEMAS } from '../../src/config/settings.ts';
 import { loadSettings } from '../../src/db/settings.ts';
+import { withTransaction } from '../../src/db/pool.ts';
 
 async function eventually(check: () => boolean, timeoutMs = 10_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
@@ -21,7 +22,7 @@ describe('settings', () => {
     await server?.close();
   });
 
-  it('seeds every setting DESIGN.md lists, each valid, and no other', async () => {
+  it('seeds every setting with its documented default, each valid, and no other', async () => {
     const raw = await loadSettings(server.pool);
     expect(Object.keys(raw).sort()).to.deep.equal(Object.keys(SETTING_SCHEMAS).sort());
     const defaults = { ...raw, backends_public_only: true }; // the harness turns it off for tests
@@ -62,13 +63,38 @@ describe('settings', () => {
 
   it('re-reads after the bus connection is lost (NOTIFY is not replayed)', async () => {
     const pool = testPool(server.db.conn);
+    const heard: string[] = [];
+    const unsubscribe = [
+      server.bus.subscribe('settings', () => heard.push('settings')),
+      server.bus.subscribe('probe', () => heard.push('probe')),
+    ];
+    const busPids = async () =>
+      (await pool.query<{ pid: number }>(
+        `SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'sarsen-bus %' AND datname = current_database()`,
+      )).rows.map((r) => r.pid);
     try {
-      // Kill the bus's LISTEN connection, change a setting while it is down, and expect the
-      // reconnect to pick the change up.
-      await pool.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'sarsen-bus %' AND datname = current_database()`);
-      await pool.query(`UPDATE sarsen.settings SET value = '9' WHERE name = 'max_attempts'`);
+      const listening = await busPids();
+      expect(listening, 'the process has a bus connection').to.have.length.greaterThan(0);
+      // A change no notification announces (triggers off for this transaction only), so only a
+      // re-read after the reconnect can find it. A probe sent after it arrives after any
+      // notification the change could have sent: there was none.
+      await withTransaction(pool, async (tx) => {
+        await tx.query('SET LOCAL session_replication_role = replica');
+        await tx.query(`UPDATE sarsen.settings SET value = '9' WHERE name = 'max_attempts'`);
+      });
+      await pool.query(`SELECT pg_notify('sarsen_events', '{"k":"probe"}')`);
+      await eventually(() => heard.includes('probe'));
+      expect(heard, 'no notification of the silent change').to.deep.equal(['probe']);
+      expect(server.settings.current().max_attempts).to.equal(3);
+      // Kill the bus's LISTEN connection; the reconnect must re-read.
+      const { rows } = await pool.query<{ killed: boolean }>('SELECT pg_terminate_backend(pid) AS killed FROM unnest($1::int[]) AS pid', [listening]);
+      expect(rows.map((r) => r.killed), 'the bus connections were killed').to.deep.equal(listening.map(() => true));
       await eventually(() => server.settings.current().max_attempts === 9);
+      const now = await busPids();
+      expect(now.filter((pid) => listening.includes(pid)), 'none of the killed connections is left').to.deep.equal([]);
+      expect(now, 'the bus is connected again').to.have.length.greaterThan(0);
     } finally {
+      for (const off of unsubscribe) off();
       await pool.query(`UPDATE sarsen.settings SET value = '3' WHERE name = 'max_attempts'`);
       await pool.end();
     }

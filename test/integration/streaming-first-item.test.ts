@@ -1,4 +1,4 @@
-// A streaming submission decides on its first item (SPEC.md Endpoints rule 5) and reports a
+// A streaming submission decides on its first item and reports a
 // failure after it as `event: failed` (rule 6): every row of the first-item table over real
 // HTTP, with the fake provider scripting the outcome.
 import { expect } from 'chai';
@@ -6,7 +6,7 @@ import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, chatFrames, messagesFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until } from '../support/http.ts';
-import { postStream, replayStream, withIds, bytesOf, failedEventData, requestIdByMarker } from './streaming-support.ts';
+import { postStream, replayStream, withIds, bytesOf, failedEventData, requestIdByMarker, gate } from './streaming-support.ts';
 
 describe('streaming: the first item decides the answer', function () {
   this.timeout(60_000);
@@ -90,11 +90,14 @@ describe('streaming: the first item decides the answer', function () {
     try {
       const h = await provision(held, provider);
       const frames = chatFrames(['late', ' but', ' here']);
-      provider.enqueue({ kind: 'sse', frames, firstDelayMs: 1200, frameDelayMs: 20 });
+      // The provider's first frame waits for the caller's answer: only the hold can end it.
+      const answered = gate();
+      provider.enqueue({ kind: 'sse', frames, frameDelayMs: 20, waitBefore: { 0: answered.until } });
       const started = performance.now();
       const res = await postStream(h, '/chat/completions', chatBody(marker())).done;
+      answered.open();
       expect(res.status).to.equal(504);
-      expect(performance.now() - started).to.be.within(250, 1100);
+      expect(performance.now() - started, 'not before the hold').to.be.at.least(250);
       const error = JSON.parse(res.body.toString()).error;
       expect(error.code).to.equal('held_too_long');
       const id = /req_[0-9A-Z]{26}/.exec(error.message)?.[0];

@@ -1,6 +1,6 @@
 // Live streams shared between callers: attaching an identical streaming body while it runs and
-// after it succeeded (SPEC.md Endpoints rules 7-8), several replayers of one live stream, and
-// keep-alive comments on an idle replay.
+// after it succeeded, several replayers of one live stream, and keep-alive comments on an idle
+// replay.
 import { expect } from 'chai';
 import express from 'express';
 import http from 'node:http';
@@ -9,7 +9,7 @@ import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until } from '../support/http.ts';
-import { postStream, replayStream, openStream, withIds, bytesOf, query, requestIdByMarker, STORED_SEQ } from './streaming-support.ts';
+import { postStream, replayStream, openStream, withIds, bytesOf, query, requestIdByMarker, gate, STORED_SEQ } from './streaming-support.ts';
 import { replay } from '../../src/http/service/streams.ts';
 import { readRecord } from '../../src/db/requests.ts';
 import { createKeyring } from '../../src/core/sealing.ts';
@@ -41,25 +41,28 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
   it('an identical streaming body while running replays the stored frames, then live-tails; after success it replays them; one provider call', async () => {
     const m = marker();
     const frames = chatFrames(Array.from({ length: 30 }, (_, i) => `t${i} `));
-    provider.enqueue({ kind: 'sse', frames, frameDelayMs: 30 });
+    // The provider stops after ten frames until the second caller has them: those came from storage.
+    const rest = gate();
+    provider.enqueue({ kind: 'sse', frames, frameDelayMs: 5, waitBefore: { 10: rest.until } });
     const body = { model: 'gpt-test', stream: true, messages: [{ role: 'user', content: m }] };
     const first = postStream(t, '/chat/completions', body);
     const id = await idOf(m);
     await until(async () => ((await seqHigh(id)).stored_seq >= 10 ? true : undefined));
     // The same body with its keys in another order and other whitespace: the same request.
     const reordered = JSON.stringify({ messages: body.messages, stream: true, model: 'gpt-test' }, null, 1);
-    const opened = performance.now();
     const second = postStream(t, '/chat/completions', reordered);
     await second.waitFor((s) => s.split('\n\n').length > 10);
-    const storedBy = performance.now();
+    expect(second.bytes().equals(bytesOf(frames.slice(0, 10))), 'the stored ten, while the provider waits').to.equal(true);
     expect((await seqHigh(id)).status).to.equal('running');
+    const storedCount = second.arrivals.length;
+    rest.open();
     const [a, b] = await Promise.all([first.done, second.done]);
     expect(a.body.equals(bytesOf(frames))).to.equal(true);
     expect(b.status).to.equal(200);
     expect(b.headers['content-type']).to.match(/^text\/event-stream/);
     expect(b.body.equals(bytesOf(frames))).to.equal(true);
-    expect(storedBy - opened).to.be.below(300);
-    expect(second.arrivals[second.arrivals.length - 1]!.at - storedBy).to.be.above(300); // the rest came live
+    // The rest came live: written by the provider only after the gate opened.
+    expect(second.arrivals.length, 'live arrivals after the stored frames').to.be.greaterThan(storedCount);
     const third = await postStream(t, '/chat/completions', body).done;
     expect(third.status).to.equal(200);
     expect(third.body.equals(bytesOf(frames))).to.equal(true);
@@ -89,7 +92,9 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
 
   it('three replayers of one live stream, joining at different moments, see identical bytes', async () => {
     const frames = chatFrames(Array.from({ length: 40 }, (_, i) => `shared${i} `), { lineEnding: '\r\n' });
-    provider.enqueue({ kind: 'sse', frames, frameDelayMs: 25 });
+    // The provider waits at frames 10 and 25 until the replayers joined so far have what it sent.
+    const [at10, at25] = [gate(), gate()];
+    provider.enqueue({ kind: 'sse', frames, frameDelayMs: 5, waitBefore: { 10: at10.until, 25: at25.until } });
     const res = await rawRequest(`${t.base}/requests`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
@@ -97,15 +102,23 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
     });
     const id = json(res).request_id as string;
     const readers = [replayStream(t, id)];
+    const upTo = async (n: number) => {
+      const sent = withIds(frames.slice(0, n)).toString('latin1');
+      for (const r of readers) await r.waitFor((text) => text === sent);
+    };
     await until(async () => ((await seqHigh(id)).stored_seq >= 10 ? true : undefined));
     readers.push(replayStream(t, id));
+    await upTo(10);
+    at10.open();
     await until(async () => ((await seqHigh(id)).stored_seq >= 25 ? true : undefined));
     readers.push(replayStream(t, id));
+    // Each replayer has exactly what the provider sent so far, while it waits: they follow it live.
+    await upTo(25);
+    at25.open();
     const done = await Promise.all(readers.map((r) => r.done));
     for (const [i, d] of done.entries()) {
       expect(d.complete, `replayer ${i}`).to.equal(true);
       expect(d.body.equals(done[0]!.body), `replayer ${i}`).to.equal(true);
-      expect(readers[i]!.arrivals.length, `replayer ${i} followed live`).to.be.above(3);
     }
     expect(done[0]!.body.equals(withIds(frames))).to.equal(true);
   });
@@ -131,7 +144,9 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
     await new Promise((r) => listener.once('listening', r));
     try {
       const frames = chatFrames(['slow', 'ly']);
-      provider.enqueue({ kind: 'sse', frames, firstDelayMs: 500, frameDelayMs: 350 });
+      // Each frame waits until the reader has had two keep-alives since the last one.
+      const gates = frames.map(() => gate());
+      provider.enqueue({ kind: 'sse', frames, waitBefore: Object.fromEntries(gates.map((g, i) => [i, g.until])) });
       const res = await rawRequest(`${t.base}/requests`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
@@ -140,9 +155,13 @@ describe('streaming: attaching, shared replay, keep-alive', function () {
       const id = json(res).request_id as string;
       const { port } = listener.address() as AddressInfo;
       const reader = openStream(`http://127.0.0.1:${port}/replay/${id}`, { headers: { accept: 'text/event-stream' } });
+      const keepAlivesSinceFrame = (text: string) => text.slice(Math.max(0, text.lastIndexOf('id: '))).split(': keep-alive\n\n').length - 1;
+      for (const [i, g] of gates.entries()) {
+        await reader.waitFor((text) => keepAlivesSinceFrame(text) >= 2);
+        g.open();
+        await reader.waitFor((text) => (text.match(/^id: /gm)?.length ?? 0) === i + 1);
+      }
       const out = (await reader.done).body.toString();
-      const keepAlives = out.split(': keep-alive\n\n').length - 1;
-      expect(keepAlives).to.be.at.least(6); // ~4 before the first frame, ~2-3 in each gap
       expect(out.replaceAll(': keep-alive\n\n', '')).to.equal(withIds(frames).toString());
       // Each comment stands alone: never after an `id:` line, never inside a frame.
       for (const piece of out.split(/(?<=\n\n)/)) {

@@ -147,3 +147,10 @@ export async function requestIdByMarker(db: TestDatabase, marker: string): Promi
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** A promise a test settles: hand `until` to the fake provider (waitBefore, after) and `open()` it when it is time. */
+export function gate(): { until: Promise<void>; open(): void } {
+  let open!: () => void;
+  const until = new Promise<void>((r) => (open = r));
+  return { until, open };
+}

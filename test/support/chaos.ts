@@ -10,8 +10,11 @@ import { recountStorage } from '../../src/db/accounting.ts';
 
 export type Answers = Map<string, string[]>; // marker -> the answer bytes of each provider call, in order
 
-/** Answers each call by its marker (the user message), streaming or not, and records it. */
-export function recordingProvider(provider: FakeProvider): Answers {
+/**
+ * Answers each call by its marker (the user message), streaming or not, and records it. A
+ * non-streaming call whose marker `holdUntil` gives a promise for is answered once it settles.
+ */
+export function recordingProvider(provider: FakeProvider, holdUntil: (marker: string) => Promise<unknown> | undefined = () => undefined): Answers {
   const answers: Answers = new Map();
   let call = 0;
   provider.rule((entry) => {
@@ -27,7 +30,7 @@ export function recordingProvider(provider: FakeProvider): Answers {
     }
     const body = JSON.stringify(chatCompletionBody(`${marker}/${n}`, { id: `chatcmpl-${n}` }));
     list.push(body);
-    return { kind: 'json', body, delayMs: 150 };
+    return { kind: 'json', body, delayMs: 150, after: holdUntil(marker) };
   });
   return answers;
 }

@@ -8,6 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type { ConnectionConfig } from '../../src/db/pool.ts';
 import { track } from './resources.ts';
+import { registerOutput } from './log-guard.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const MAIN = path.join(ROOT, 'src/main.ts');
@@ -38,6 +39,7 @@ export function sarsenEnv(conn: ConnectionConfig, secretsDir: string, extra: Rec
     CTX_DATABASE_USER: conn.user,
     CTX_DATABASE_NAME: conn.database,
     CTX_SECRETS_DIR: secretsDir,
+    CTX_PROCESSES: '1', // one process per child, as the tests count them; a test passes --processes
     ...extra,
   };
 }
@@ -61,20 +63,30 @@ export function spawnNode(script: string, args: string[], env: NodeJS.ProcessEnv
 }
 
 /**
- * Spawns any program with its output collected. `detached` gives it a process group of its
- * own, so a test can signal the group as a terminal's Ctrl-C does (`process.kill(-pid)`).
+ * Spawns any program with its output collected, every line of it checked by the log guard.
+ * `detached` gives it a process group of its own, so a test can signal the group as a
+ * terminal's Ctrl-C does (`process.kill(-pid)`).
  */
 export function spawnProcess(file: string, args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?: string; detached?: boolean; label?: string } = {}): SarsenChild {
   const child = spawn(file, args, { env: opts.env ?? process.env, cwd: opts.cwd, detached: opts.detached, stdio: ['ignore', 'pipe', 'pipe'] });
   const release = track('child process', `${opts.label ?? file} ${args.join(' ')}`);
   let out = '';
   const waiters = new Set<() => void>();
-  const onData = (b: Buffer) => {
-    out += b.toString('utf8');
-    for (const w of waiters) w();
+  // Every line of every child goes to the log guard as it arrives, one stream at a time.
+  const guarded = (stream: NodeJS.ReadableStream) => {
+    let partial = '';
+    stream.on('data', (b: Buffer) => {
+      const text = b.toString('utf8');
+      out += text;
+      const lines = (partial + text).split('\n');
+      partial = lines.pop()!;
+      registerOutput(lines.join('\n'));
+      for (const w of waiters) w();
+    });
+    stream.on('end', () => registerOutput(partial));
   };
-  child.stdout!.on('data', onData);
-  child.stderr!.on('data', onData);
+  guarded(child.stdout!);
+  guarded(child.stderr!);
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
     child.once('exit', (code, signal) => {
       release();

@@ -1,12 +1,22 @@
-// A scriptable stand-in for the two provider dialects Sarsen proxies (DESIGN.md §1),
-// served over real sockets so tests exercise real transport faults.
+// A scriptable stand-in for the provider dialects Sarsen proxies (docs/api.md "Dialects"):
+// chat, messages and responses, served over real sockets so tests exercise real transport faults.
 import http from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 export type Behavior =
-  | { kind: 'json'; status?: number; headers?: Record<string, string>; body: string | Buffer | object; delayMs?: number }
-  | { kind: 'sse'; frames: (string | Buffer)[]; frameDelayMs?: number; firstDelayMs?: number; status?: number; headers?: Record<string, string>; dropAfter?: number }
+  | { kind: 'json'; status?: number; headers?: Record<string, string>; body: string | Buffer | object; delayMs?: number; after?: Promise<unknown> }
+  | {
+      kind: 'sse';
+      frames: (string | Buffer)[];
+      frameDelayMs?: number;
+      firstDelayMs?: number;
+      status?: number;
+      headers?: Record<string, string>;
+      dropAfter?: number;
+      /** Frame index -> a promise that frame waits for (a test's gate: order, not time). */
+      waitBefore?: Record<number, Promise<unknown>>;
+    }
   | { kind: 'refuse'; status: number; body?: string | object; retryAfter?: string; headers?: Record<string, string> }
   | { kind: 'drop' }
   | { kind: 'hang' }
@@ -40,13 +50,14 @@ export interface FakeProvider {
   close(): Promise<void>;
 }
 
-export type Dialect = 'chat' | 'messages';
+export type Dialect = 'chat' | 'messages' | 'responses';
 export type LineEnding = '\n' | '\r\n' | '\r';
 
 export function dialectOf(path: string): Dialect | undefined {
   const p = path.split('?')[0];
   if (p === '/v1/chat/completions') return 'chat';
   if (p === '/v1/messages') return 'messages';
+  if (p === '/v1/responses') return 'responses';
   return undefined;
 }
 
@@ -74,13 +85,23 @@ export interface DefaultAnswer { text: string; promptTokens: number; completionT
  * the words of a string `system`; completion tokens = words of the text.
  */
 export function defaultAnswer(json: any): DefaultAnswer {
-  const messages: any[] = Array.isArray(json?.messages) ? json.messages : [];
+  const messages: any[] = Array.isArray(json?.messages) ? json.messages : responsesInput(json?.input);
   const last = messages.length ? contentText(messages[messages.length - 1]?.content) : '';
   const marker = Array.from(last.replace(/\s+/g, ' ').trim()).slice(0, 40).join('');
   const text = `fake reply to ${messages.length} message(s) [${marker}]`;
-  let promptTokens = typeof json?.system === 'string' ? wordCount(json.system) : 0;
+  const system = json?.system ?? json?.instructions;
+  let promptTokens = typeof system === 'string' ? wordCount(system) : 0;
   for (const m of messages) promptTokens += 1 + wordCount(contentText(m?.content));
   return { text, promptTokens, completionTokens: wordCount(text) };
+}
+
+/**
+ * A Responses body's `input` read as messages: a string is one user message, an array's
+ * items are messages (items of other types, such as function call outputs, count with no text).
+ */
+function responsesInput(input: unknown): any[] {
+  if (typeof input === 'string') return [{ role: 'user', content: input }];
+  return Array.isArray(input) ? input : [];
 }
 
 /** Splits by code points into exactly n pieces (some empty when the text is shorter than n). */
@@ -177,12 +198,88 @@ export function messagesFrames(texts: string[], o: MessagesOptions & { lineEndin
   return frames;
 }
 
+export interface ResponsesOptions {
+  id?: string; messageId?: string; model?: string; createdAt?: number;
+  inputTokens?: number; outputTokens?: number;
+  /** How the stream ends (the vendor's terminal events); `completed` by default. */
+  end?: 'completed' | 'incomplete' | 'failed';
+}
+
+function responsesUsage(texts: string[], o: ResponsesOptions) {
+  const input = o.inputTokens ?? 10;
+  const output = o.outputTokens ?? wordCount(texts.join(''));
+  return {
+    input_tokens: input, input_tokens_details: { cached_tokens: 0 },
+    output_tokens: output, output_tokens_details: { reasoning_tokens: 0 },
+    total_tokens: input + output,
+  };
+}
+
+const outputText = (text: string) => ({ type: 'output_text', annotations: [], logprobs: [], text });
+
+function responseObject(o: ResponsesOptions, status: string, output: object[], usage: object | null, extra: object = {}) {
+  return {
+    id: o.id ?? 'resp_fake', object: 'response', created_at: o.createdAt ?? Math.floor(Date.now() / 1000), status,
+    background: false, error: null, incomplete_details: null, instructions: null, max_output_tokens: null,
+    model: o.model ?? 'fake-model', output, parallel_tool_calls: true, previous_response_id: null,
+    reasoning: { effort: null, summary: null }, service_tier: 'default', store: true, temperature: 1.0,
+    text: { format: { type: 'text' } }, tool_choice: 'auto', tools: [], top_p: 1.0, truncation: 'disabled',
+    usage, user: null, metadata: {}, ...extra,
+  };
+}
+
+/** A Responses API answer (`object: "response"`), one assistant message holding `text`. */
+export function responsesBody(text: string, o: ResponsesOptions = {}) {
+  const message = { id: o.messageId ?? 'msg_fake', type: 'message', status: 'completed', role: 'assistant', content: [outputText(text)] };
+  return responseObject(o, 'completed', [message], responsesUsage([text], o));
+}
+
+/**
+ * Raw Responses SSE frames in the vendor's order, each with its `event:` line and a
+ * `sequence_number` counting from 0: response.created, response.in_progress,
+ * response.output_item.added, response.content_part.added, one response.output_text.delta per
+ * text, response.output_text.done, response.content_part.done, response.output_item.done, and
+ * the terminal event (response.completed, carrying the usage; or response.incomplete or
+ * response.failed).
+ */
+export function responsesFrames(texts: string[], o: ResponsesOptions & { lineEnding?: LineEnding } = {}): string[] {
+  const le = o.lineEnding ?? '\n';
+  const itemId = o.messageId ?? 'msg_fake';
+  const full = texts.join('');
+  let seq = 0;
+  const frame = (type: string, data: object) => `event: ${type}${le}data: ${JSON.stringify({ type, ...data, sequence_number: seq++ })}${le}${le}`;
+  const item = (status: string, content: object[]) => ({ id: itemId, type: 'message', status, content, role: 'assistant' });
+  const at = { item_id: itemId, output_index: 0, content_index: 0 };
+  const frames = [
+    frame('response.created', { response: responseObject(o, 'in_progress', [], null) }),
+    frame('response.in_progress', { response: responseObject(o, 'in_progress', [], null) }),
+    frame('response.output_item.added', { output_index: 0, item: item('in_progress', []) }),
+    frame('response.content_part.added', { ...at, part: outputText('') }),
+  ];
+  for (const t of texts) frames.push(frame('response.output_text.delta', { ...at, delta: t, logprobs: [] }));
+  const end = o.end ?? 'completed';
+  const done = item(end === 'completed' ? 'completed' : 'incomplete', [outputText(full)]);
+  frames.push(
+    frame('response.output_text.done', { ...at, text: full, logprobs: [] }),
+    frame('response.content_part.done', { ...at, part: outputText(full) }),
+    frame('response.output_item.done', { output_index: 0, item: done }),
+  );
+  const usage = responsesUsage(texts, o);
+  if (end === 'completed') frames.push(frame('response.completed', { response: responseObject(o, 'completed', [done], usage) }));
+  else if (end === 'incomplete') {
+    frames.push(frame('response.incomplete', { response: responseObject(o, 'incomplete', [done], usage, { incomplete_details: { reason: 'max_output_tokens' } }) }));
+  } else {
+    frames.push(frame('response.failed', { response: responseObject(o, 'failed', [done], usage, { error: { code: 'server_error', message: 'fake provider: the response failed' } }) }));
+  }
+  return frames;
+}
+
 const ERROR_TYPES: Record<number, string> = {
   400: 'invalid_request_error', 401: 'authentication_error', 403: 'permission_error', 404: 'not_found_error',
   408: 'timeout_error', 413: 'request_too_large', 429: 'rate_limit_error', 529: 'overloaded_error',
 };
 
-/** A vendor-shaped error body for a refusal (messages shape on /v1/messages, chat shape elsewhere). */
+/** A vendor-shaped error body for a refusal (messages shape on /v1/messages, the chat vendor's elsewhere, /v1/responses included). */
 export function errorBody(dialect: Dialect | undefined, status: number, message: string): object {
   const type = ERROR_TYPES[status] ?? (status >= 500 ? 'api_error' : 'invalid_request_error');
   return dialect === 'messages'
@@ -206,6 +303,15 @@ async function wait(ms: number | undefined, signal: AbortSignal): Promise<boolea
   try { await sleep(ms, undefined, { signal }); return true; } catch { return false; }
 }
 
+/** Resolves false when the request went away before `event` settled. */
+function awaitUnlessGone(event: Promise<unknown>, signal: AbortSignal): Promise<boolean> {
+  if (signal.aborted) return Promise.resolve(false);
+  return new Promise((resolve) => {
+    signal.addEventListener('abort', () => resolve(false), { once: true });
+    event.then(() => resolve(!signal.aborted), () => resolve(!signal.aborted));
+  });
+}
+
 function writeAndFlush(res: http.ServerResponse, chunk: string | Buffer): Promise<void> {
   return new Promise((resolve) => { res.write(chunk, () => resolve()); });
 }
@@ -216,6 +322,8 @@ async function streamFrames(ctx: Ctx, b: Extract<Behavior, { kind: 'sse' }>): Pr
   res.flushHeaders();
   const limit = b.dropAfter === undefined ? b.frames.length : Math.min(b.dropAfter, b.frames.length);
   for (let i = 0; i < limit; i++) {
+    const gate = b.waitBefore?.[i];
+    if (gate && !(await awaitUnlessGone(gate, signal))) return;
     if (!(await wait(i === 0 ? b.firstDelayMs : b.frameDelayMs, signal))) return;
     // Only wait for the kernel hand-off when a drop follows, so plain streams stay fast.
     if (i === limit - 1 && b.dropAfter !== undefined) await writeAndFlush(res, b.frames[i]);
@@ -240,18 +348,23 @@ function defaultBehavior(ctx: Ctx, b: Extract<Behavior, { kind: 'default' }>): P
   }
   const ans = defaultAnswer(json);
   const model = typeof json.model === 'string' ? json.model : 'fake-model';
-  const headers: Record<string, string> = { [dialect === 'chat' ? 'x-request-id' : 'request-id']: `req_fake_${entry.seq}` };
+  const headers: Record<string, string> = { [dialect === 'messages' ? 'request-id' : 'x-request-id']: `req_fake_${entry.seq}` };
+  const responses: ResponsesOptions = { id: `resp_fake_${entry.seq}`, messageId: `msg_fake_${entry.seq}`, model, inputTokens: ans.promptTokens, outputTokens: ans.completionTokens };
   const respond = (): Promise<void> | void => {
     if (json.stream !== true) {
       const body = dialect === 'chat'
         ? chatCompletionBody(ans.text, { id: `chatcmpl-fake-${entry.seq}`, model, promptTokens: ans.promptTokens, completionTokens: ans.completionTokens })
-        : messagesBody(ans.text, { id: `msg_fake_${entry.seq}`, model, inputTokens: ans.promptTokens, outputTokens: ans.completionTokens });
+        : dialect === 'responses'
+          ? responsesBody(ans.text, responses)
+          : messagesBody(ans.text, { id: `msg_fake_${entry.seq}`, model, inputTokens: ans.promptTokens, outputTokens: ans.completionTokens });
       return sendJson(res, 200, body, headers);
     }
     const pieces = splitText(ans.text, b.frameCount ?? 4);
     const frames = dialect === 'chat'
       ? chatFrames(pieces, { id: `chatcmpl-fake-${entry.seq}`, model, usage: json.stream_options?.include_usage === true, promptTokens: ans.promptTokens, completionTokens: ans.completionTokens })
-      : messagesFrames(pieces, { id: `msg_fake_${entry.seq}`, model, inputTokens: ans.promptTokens, outputTokens: ans.completionTokens });
+      : dialect === 'responses'
+        ? responsesFrames(pieces, responses)
+        : messagesFrames(pieces, { id: `msg_fake_${entry.seq}`, model, inputTokens: ans.promptTokens, outputTokens: ans.completionTokens });
     return streamFrames(ctx, { kind: 'sse', frames, frameDelayMs: b.frameDelayMs, headers });
   };
   if (!b.delayMs) return respond();
@@ -263,6 +376,7 @@ async function run(ctx: Ctx, b: Behavior): Promise<void> {
   switch (b.kind) {
     case 'default': return defaultBehavior(ctx, b);
     case 'json':
+      if (b.after && !(await awaitUnlessGone(b.after, signal))) return;
       if (await wait(b.delayMs, signal)) sendJson(res, b.status ?? 200, b.body, b.headers);
       return;
     case 'sse': return streamFrames(ctx, b);

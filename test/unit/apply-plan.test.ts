@@ -1,13 +1,16 @@
 import { expect } from 'chai';
 import { planApply, describeChange, type CurrentNamespace, type DesiredNamespace } from '../../src/control/apply-plan.ts';
 
+const NO_LIMITS = { requests_per_minute: null, tokens_per_minute: null };
+
 const desired = (over: Partial<DesiredNamespace> = {}): DesiredNamespace => ({
   name: 'prod',
   retention_minutes: null,
   spend_limit: null,
+  cache_ttl_minutes: null,
   backends: [{ name: 'chat', kind: 'chat_compat', address: 'https://a.example', credential_source: 'stored', credential: 'sk-1' }],
   routing_rules: [{ model: 'gpt-*', backend: 'chat', fallbacks: [], rewrite_model: null, priority: 0, action: 'route' }],
-  api_keys: [{ name: 'ci', grants: ['use'], spend_limit: null }],
+  api_keys: [{ name: 'ci', grants: ['use'], spend_limit: null, limits: NO_LIMITS }],
   ...over,
 });
 
@@ -16,9 +19,10 @@ const current = (over: Partial<CurrentNamespace> = {}): CurrentNamespace => ({
   name: 'prod',
   retention_minutes: null,
   spend_limit: null,
+  cache_ttl_minutes: null,
   backends: [{ id: 'bk_1', name: 'chat', kind: 'chat_compat', address: 'https://a.example', credential_source: 'stored', credential: 'sk-1' }],
   routing_rules: [{ id: 'rule_1', model: 'gpt-*', backend_id: 'bk_1', fallback_backend_ids: [], rewrite_model: null, priority: 0, action: 'route' }],
-  api_keys: [{ id: 'key_1', name: 'ci', grants: ['use'], spend_limit: null }],
+  api_keys: [{ id: 'key_1', name: 'ci', grants: ['use'], spend_limit: null, limits: NO_LIMITS }],
   ...over,
 });
 
@@ -91,7 +95,21 @@ describe('apply plan', () => {
   });
 
   it('a key whose grants changed is re-issued; a removed one is revoked', () => {
-    const { changes } = planApply([desired({ api_keys: [{ name: 'ci', grants: ['use', 'manage'], spend_limit: null }] })], [current({ api_keys: [...current().api_keys, { id: 'key_2', name: 'old', grants: ['use'], spend_limit: null }] })], true);
+    const { changes } = planApply([desired({ api_keys: [{ name: 'ci', grants: ['use', 'manage'], spend_limit: null, limits: NO_LIMITS }] })], [current({ api_keys: [...current().api_keys, { id: 'key_2', name: 'old', grants: ['use'], spend_limit: null, limits: NO_LIMITS }] })], true);
     expect(changes.map(describeChange)).to.deep.equal(['± api key prod/ci (grants) (revoked, and a new key issued)', '- api key prod/old (revoked)']);
+  });
+
+  it('a key whose rate limits alone changed keeps its secret: they change in place; with its grants, it is re-issued with them', () => {
+    const limits = { requests_per_minute: 60, tokens_per_minute: null };
+    const inPlace = planApply([desired({ api_keys: [{ name: 'ci', grants: ['use'], spend_limit: null, limits }] })], [current()], false);
+    expect(inPlace.changes.map(describeChange)).to.deep.equal(['~ api key prod/ci (limits)']);
+    expect(inPlace.changes[0]).to.include({ op: 'update', id: 'key_1' }).and.have.nested.property('desired.limits').that.deep.equals(limits);
+    const reissued = planApply([desired({ api_keys: [{ name: 'ci', grants: ['use', 'manage'], spend_limit: null, limits }] })], [current()], false);
+    expect(reissued.changes.map(describeChange)).to.deep.equal(['± api key prod/ci (grants, limits) (revoked, and a new key issued)']);
+  });
+
+  it('the namespace\'s response cache life is a field of the namespace', () => {
+    const { changes } = planApply([desired({ cache_ttl_minutes: 30 })], [current()], false);
+    expect(changes.map(describeChange)).to.deep.equal(['~ namespace prod (cache_ttl_minutes)']);
   });
 });

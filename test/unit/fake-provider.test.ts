@@ -161,12 +161,28 @@ describe('fake provider', () => {
     });
 
     it('sse sends headers at once and the first frame after firstDelayMs', async () => {
+      // At once: the headers come while the first frame is held back.
+      let release!: () => void;
+      p.enqueue({ kind: 'sse', frames: ['data: a\n\n', 'data: b\n\n'], waitBefore: { 0: new Promise<void>((r) => (release = r)) } });
+      const res = await post(p.url + CHAT, {});
+      expect(res.headers.get('content-type')).to.equal('text/event-stream');
+      release();
+      expect(await res.text()).to.equal('data: a\n\ndata: b\n\n');
       p.enqueue({ kind: 'sse', frames: ['data: a\n\n'], firstDelayMs: 400 });
       const t0 = Date.now();
-      const res = await post(p.url + CHAT, {});
-      expect(Date.now() - t0).to.be.below(300);
-      expect(await res.text()).to.equal('data: a\n\n');
+      expect(await (await post(p.url + CHAT, {})).text()).to.equal('data: a\n\n');
       expect(Date.now() - t0).to.be.at.least(390);
+    });
+
+    it('sse holds a frame until its waitBefore promise settles, and sends the frames before it at once', async () => {
+      let release!: () => void;
+      p.enqueue({ kind: 'sse', frames: ['data: a\n\n', 'data: b\n\n'], waitBefore: { 1: new Promise<void>((r) => (release = r)) } });
+      const res = await post(p.url + CHAT, {});
+      const reader = res.body!.getReader();
+      expect(Buffer.from((await reader.read()).value!).toString()).to.equal('data: a\n\n');
+      release();
+      expect(Buffer.from((await reader.read()).value!).toString()).to.equal('data: b\n\n');
+      expect((await reader.read()).done).to.equal(true);
     });
 
     it('sse dropAfter cuts the connection after that many frames', async () => {
@@ -220,15 +236,46 @@ describe('fake provider', () => {
     });
 
     it('a client abort during a delay cancels the scripted answer', async () => {
-      p.enqueue({ kind: 'json', body: {}, delayMs: 5000 }, { kind: 'sse', frames: ['a\n\n', 'b\n\n'], frameDelayMs: 5000 });
-      for (const _ of [1, 2]) {
-        const ac = new AbortController();
-        const pending = post(p.url + CHAT, {}, { signal: ac.signal }).then(readUntilError).catch((e) => e);
-        await p.waitForRequests(p.journal.length + 1);
-        setTimeout(() => ac.abort(), 30);
-        await pending;
+      // The delay is a timer of the provider's; cancelled, it is gone, and nothing is left to answer.
+      // Clients without an agent or fetch, so that every timer counted is the provider's.
+      const open = () => {
+        const req = http.request(p.url + CHAT, { method: 'POST', agent: false });
+        const firstBytes = new Promise<string>((resolve) => req.on('response', (res) => res.once('data', (c: Buffer) => resolve(c.toString('utf8')))));
+        req.on('error', () => undefined);
+        req.end('{}');
+        return { req, firstBytes };
+      };
+      // A first answer brings up whatever timers the server keeps per connection.
+      expect(await open().firstBytes).to.contain('chat.completion');
+      p.enqueue({ kind: 'json', body: {}, delayMs: 600_000 }, { kind: 'sse', frames: ['a\n\n', 'b\n\n'], frameDelayMs: 600_000 });
+      for (const kind of ['json', 'sse'] as const) {
+        const idle = activeCount('Timeout');
+        const { req, firstBytes } = open();
+        const [entry] = (await p.waitForRequests(p.journal.length + 1)).slice(-1);
+        // The sse answer's delay starts after its first frame.
+        if (kind === 'sse') expect(await firstBytes).to.equal('a\n\n');
+        expect(activeCount('Timeout'), `${kind}: the delay is running`).to.equal(idle + 1);
+        req.destroy();
+        await p.waitUntil(() => entry!.clientAborted);
+        expect(activeCount('Timeout'), `${kind}: the delay is cancelled`).to.equal(idle);
       }
-      await p.waitUntil(() => p.journal.every((e) => e.clientAborted));
+    });
+
+    it('a json answer with `after` waits for it, and never answers a client that went away', async () => {
+      let release!: () => void;
+      const after = new Promise<void>((r) => (release = r));
+      p.enqueue({ kind: 'json', body: { n: 1 }, after }, { kind: 'json', body: { n: 2 }, after });
+      const ac = new AbortController();
+      const gone = post(p.url + CHAT, {}, { signal: ac.signal }).catch((e) => e);
+      const [first] = await p.waitForRequests(1);
+      const answered = post(p.url + CHAT, {});
+      await p.waitForRequests(2);
+      expect(p.journal.map((e) => e.finishedAt)).to.deep.equal([undefined, undefined]);
+      ac.abort();
+      expect(await gone).to.be.instanceOf(Error);
+      await p.waitUntil(() => first!.clientAborted);
+      release();
+      expect(await (await answered).json()).to.deep.equal({ n: 2 });
     });
 
     it('hang is ended by close(), which leaves no server or socket open', async () => {
@@ -247,7 +294,7 @@ describe('fake provider', () => {
       expect((await failed).message).to.not.equal('answered');
       expect(q.journal[0].clientAborted).to.equal(false);
       expect(activeCount('TCPServerWrap')).to.equal(servers);
-      for (let i = 0; i < 50 && activeCount('TCPSocketWrap') > sockets - 2; i++) await new Promise((r) => setTimeout(r, 10));
+      while (activeCount('TCPSocketWrap') > sockets - 2) await new Promise((r) => setTimeout(r, 10));
       expect(activeCount('TCPSocketWrap')).to.be.at.most(sockets - 2);
       const after = await fetch(q.url + CHAT).catch((e) => e);
       expect(after).to.be.instanceOf(Error);
@@ -363,6 +410,26 @@ describe('fake provider', () => {
       const h = p.journal[0].headers;
       expect(h['x-api-key'] ?? h.authorization).to.match(/^(Bearer )?x$/);
       expect(h['anthropic-version']).to.be.a('string');
+    });
+
+    it('openai completes a Responses call and a Responses stream, events in sequence_number order', async () => {
+      const client = new OpenAI({ baseURL: p.url + '/v1', apiKey: 'x', maxRetries: 0 });
+      const params = { model: 'gpt-sdk', instructions: 'be brief', input: 'sdk marker' };
+      const done = await client.responses.create(params);
+      expect(done.output_text).to.equal('fake reply to 1 message(s) [sdk marker]');
+      expect(done.usage).to.include({ input_tokens: 2 + 1 + 2, output_tokens: 7, total_tokens: 12 });
+      expect(p.journal[0].path).to.equal('/v1/responses');
+      const stream = client.responses.stream(params);
+      const deltas: string[] = [];
+      const seqs: number[] = [];
+      stream.on('event', (e) => seqs.push(e.sequence_number));
+      stream.on('response.output_text.delta', (e) => deltas.push(e.delta));
+      const final = await stream.finalResponse();
+      expect(deltas.join('')).to.equal(done.output_text);
+      expect(final.output_text).to.equal(done.output_text);
+      expect(final.usage).to.deep.equal(done.usage);
+      expect(seqs).to.deep.equal(seqs.map((_, i) => i));
+      expect(seqs.length).to.equal(12);
     });
   });
 });

@@ -25,6 +25,12 @@ describe('listing filters', () => {
     }
   });
 
+  it('parses the dialect filter: one of the three dialects, nothing else; it scopes cursors too', () => {
+    for (const dialect of ['chat', 'messages', 'responses']) expect(parse({ dialect })).to.deep.equal({ dialect });
+    for (const dialect of ['', 'Chat', 'completions', 'responses ']) refused(() => parse({ dialect }));
+    expect(cursorScope('ns_a', { dialect: 'responses' })).to.not.equal(cursorScope('ns_a', { dialect: 'chat' }));
+  });
+
   it('scopes cursors by namespace and filter, canonically; no filter is the namespace alone', () => {
     expect(cursorScope('ns_a', {})).to.equal('ns_a');
     const a = cursorScope('ns_a', { model: 'm', status: 'failed' });

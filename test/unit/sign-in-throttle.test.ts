@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import crypto from 'node:crypto';
-import { clientAddress, addressBucket, throttleKeys } from '../../src/core/sign-in-throttle.ts';
+import { clientAddress, addressBucket, throttleKeys, refusal, type Count } from '../../src/core/sign-in-throttle.ts';
 
 describe('sign-in throttle keys', () => {
   describe('clientAddress', () => {
@@ -52,12 +52,41 @@ describe('sign-in throttle keys', () => {
     it('keeps account and address keys apart, and depends on the secret', () => {
       const k = keys('acme', 'a@b');
       expect(k.account).to.not.deep.equal(k.address);
+      expect(k.pair).to.not.deep.equal(k.account);
+      expect(k.pair).to.not.deep.equal(k.address);
       expect(keys('acme', 'a@b', '192.0.2.1', crypto.randomBytes(32)).account).to.not.deep.equal(k.account);
       expect(keys('x', 'y', '::ffff:192.0.2.1').address).to.deep.equal(k.address);
     });
 
     it('cannot be made to collide by moving text between tenancy and email', () => {
       expect(keys('a', 'b@c').account).to.not.deep.equal(keys('ab', '@c').account);
+    });
+
+    it('names a pair by account and address bucket: one account from two addresses is two pairs, one /64 is one', () => {
+      expect(keys('acme', 'a@b', '192.0.2.1').pair).to.not.deep.equal(keys('acme', 'a@b', '192.0.2.2').pair);
+      expect(keys('acme', 'a@b', '192.0.2.1').account).to.deep.equal(keys('acme', 'a@b', '192.0.2.2').account);
+      expect(keys('acme', 'A@B', '2001:db8::1').pair).to.deep.equal(keys('acme', 'a@b', '2001:db8::2').pair);
+    });
+  });
+
+  describe('refusal', () => {
+    const limits = { perAccountAddress: 10, perAddress: 100, perAccount: 1000 };
+    const n = (attempts: number, retryAfterSeconds = 600): Count => ({ attempts, retryAfterSeconds });
+
+    it('lets an attempt through while every count is within its limit', () => {
+      expect(refusal({ pair: n(10), account: n(1000), address: n(100) }, limits)).to.equal(0);
+    });
+
+    it('refuses an address past its limit on the account, or past its own limit, until that window ends', () => {
+      expect(refusal({ pair: n(11, 300), account: n(11), address: n(11) }, limits)).to.equal(300);
+      expect(refusal({ pair: n(1), account: n(1), address: n(101, 200) }, limits)).to.equal(200);
+      expect(refusal({ pair: n(11, 300), account: n(11), address: n(101, 200) }, limits)).to.equal(300);
+    });
+
+    it('past the account ceiling refuses only an address that already tried the account, until either window ends', () => {
+      expect(refusal({ pair: n(1), account: n(5000, 900), address: n(1) }, limits)).to.equal(0);
+      expect(refusal({ pair: n(2, 120), account: n(5000, 900), address: n(2) }, limits)).to.equal(120);
+      expect(refusal({ pair: n(2, 800), account: n(1001, 90), address: n(2) }, limits)).to.equal(90);
     });
   });
 });

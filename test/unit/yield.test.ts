@@ -2,49 +2,66 @@ import { expect } from 'chai';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createYielder, loopUtilisation, mustYield, type YieldSettings, type Yielder } from '../../src/executor/yield.ts';
 
-const S: YieldSettings = { busyUtilisation: 0.5, arrivalWindowMs: 40, maxWaitMs: 400, sampleMs: 5, tickMs: 5, perTick: 1 };
+// Generous windows, so that what releases work in each test is the cause it names, however
+// slowly this machine runs: the arrivals (every 5 ms) never pause for ARRIVAL_WINDOW_MS, and the
+// wait bound only plays where a test sets it.
+const ARRIVAL_WINDOW_MS = 2000;
+const S: YieldSettings = { busyUtilisation: 0.5, arrivalWindowMs: ARRIVAL_WINDOW_MS, maxWaitMs: 600_000, sampleMs: 5, tickMs: 5, perTick: 1 };
 
-/** Runs `fn` while submissions keep arriving (one every 5 ms). */
-async function whileArriving(y: Yielder, fn: () => Promise<void>): Promise<void> {
-  y.arrival();
-  const feeding = setInterval(() => y.arrival(), 5);
+/** Runs `fn` while submissions keep arriving (one every 5 ms); answers when the last one arrived. */
+async function whileArriving(y: Yielder, fn: () => Promise<void>): Promise<number> {
+  let last = performance.now();
+  const arrive = () => {
+    y.arrival();
+    last = performance.now();
+  };
+  arrive();
+  const feeding = setInterval(arrive, 5);
   try {
     await fn();
   } finally {
     clearInterval(feeding);
   }
+  return last;
 }
 
-/** Whether `p` has settled after `ms`. */
-async function settledWithin(p: Promise<void>, ms: number): Promise<boolean> {
+/** Whether `p` settles before the event loop turns: at once, with no timer involved. */
+async function settledNow(p: Promise<void>): Promise<boolean> {
   let done = false;
   void p.then(() => (done = true));
-  await sleep(ms);
+  for (let i = 0; i < 5; i++) await null;
   return done;
 }
+
+/** When `p` settled (performance.now()). */
+const settledAt = (p: Promise<void>): Promise<number> => p.then(() => performance.now());
 
 describe('background work yielding to acceptance', () => {
   it('yields only while submissions arrive and the loop is saturated', () => {
     expect(mustYield(S, { utilisation: 0.9, sinceArrivalMs: 10 })).to.equal(true);
     expect(mustYield(S, { utilisation: 0.5, sinceArrivalMs: 0 })).to.equal(true);
     expect(mustYield(S, { utilisation: 0.49, sinceArrivalMs: 0 })).to.equal(false, 'a loop with headroom');
-    expect(mustYield(S, { utilisation: 1, sinceArrivalMs: 40 })).to.equal(false, 'nothing arriving: a backlog drains at full speed');
+    expect(mustYield(S, { utilisation: 1, sinceArrivalMs: ARRIVAL_WINDOW_MS })).to.equal(false, 'nothing arriving: a backlog drains at full speed');
     expect(mustYield(S, { utilisation: 1, sinceArrivalMs: Infinity })).to.equal(false, 'a process that only executes');
   });
 
   it('starts at once when the process is not accepting', async () => {
     const y = createYielder(S, () => 1);
-    expect(await settledWithin(y.wait(new AbortController().signal), 1)).to.equal(true);
+    expect(await settledNow(y.wait(new AbortController().signal))).to.equal(true);
   });
 
   it('holds work while arrivals keep coming to a saturated loop, and lets it go once they stop', async () => {
     const y = createYielder(S, () => 1);
     y.arrival();
-    const started = y.wait(new AbortController().signal);
-    await whileArriving(y, async () => {
-      expect(await settledWithin(started, 150)).to.equal(false);
+    const started = settledAt(y.wait(new AbortController().signal));
+    let held = false;
+    const lastArrival = await whileArriving(y, async () => {
+      await sleep(150);
+      held = !(await settledNow(started.then(() => undefined)));
     });
-    expect(await settledWithin(started, 200)).to.equal(true);
+    expect(held, 'held while arrivals came').to.equal(true);
+    // Let go by the arrivals stopping: not before the window after the last one closed.
+    expect((await started) - lastArrival).to.be.at.least(ARRIVAL_WINDOW_MS - 1);
   });
 
   it('lets work go when the loop has headroom again, and keeps the order work arrived in', async () => {
@@ -54,7 +71,8 @@ describe('background work yielding to acceptance', () => {
       const order: number[] = [];
       const first = y.wait(new AbortController().signal).then(() => order.push(1));
       const second = y.wait(new AbortController().signal).then(() => order.push(2));
-      expect(await settledWithin(first.then(() => undefined), 50)).to.equal(false);
+      await sleep(50);
+      expect(order, 'held while the loop is saturated').to.deep.equal([]);
       load = 0.1;
       await Promise.all([first, second]);
       expect(order).to.deep.equal([1, 2]);
@@ -65,23 +83,34 @@ describe('background work yielding to acceptance', () => {
     let load = 1;
     const y = createYielder({ ...S, tickMs: 50, perTick: 2 }, () => load);
     await whileArriving(y, async () => {
-      let started = 0;
-      const all = Array.from({ length: 8 }, () => y.wait(new AbortController().signal).then(() => void started++));
+      // Starts let go by one tick resolve together, before the next macrotask: one batch.
+      const batches: number[] = [];
+      let open = false;
+      const started = () => {
+        if (!open) {
+          open = true;
+          batches.push(0);
+          setImmediate(() => (open = false));
+        }
+        batches[batches.length - 1]!++;
+      };
+      const all = Array.from({ length: 8 }, () => y.wait(new AbortController().signal).then(started));
       await sleep(60);
-      expect(started).to.equal(0);
+      expect(batches, 'held while the loop is saturated').to.deep.equal([]);
       load = 0.1;
-      await sleep(110); // two ticks, give or take a late timer
-      expect(started).to.be.within(1, 6);
       await Promise.all(all);
+      expect(batches).to.deep.equal([2, 2, 2, 2]);
     });
   });
 
   it('never holds work longer than the bound, however long the overload lasts', async () => {
-    const y = createYielder(S, () => 1);
+    const maxWaitMs = 400;
+    const y = createYielder({ ...S, maxWaitMs }, () => 1);
     await whileArriving(y, async () => {
-      const started = y.wait(new AbortController().signal);
-      expect(await settledWithin(started, 100)).to.equal(false);
-      expect(await settledWithin(started, S.maxWaitMs + 200)).to.equal(true);
+      const ready = performance.now();
+      // The overload does not end before this resolves: only the bound lets it go.
+      const started = await settledAt(y.wait(new AbortController().signal));
+      expect(started - ready).to.be.at.least(maxWaitMs - 1);
     });
   });
 
@@ -92,10 +121,10 @@ describe('background work yielding to acceptance', () => {
       const aborted = y.wait(controller.signal);
       const stopped = y.wait(new AbortController().signal);
       controller.abort(new Error('lease lost'));
-      expect(await settledWithin(aborted, 1)).to.equal(true);
-      expect(await settledWithin(stopped, 20)).to.equal(false);
+      expect(await settledNow(aborted)).to.equal(true);
+      expect(await settledNow(stopped)).to.equal(false);
       y.releaseAll();
-      expect(await settledWithin(stopped, 1)).to.equal(true);
+      expect(await settledNow(stopped)).to.equal(true);
     });
   });
 

@@ -1,0 +1,164 @@
+// `sarsen serve --processes N` (issue 30): real processes behind one port, a worker killed with
+// SIGKILL replaced and its request recovered by the other, one SIGTERM stopping them all.
+import { expect } from 'chai';
+import net from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
+import { createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
+import { MAIN, makeSecretsDir, sarsenEnv, spawnProcess, spawnSarsen, type SarsenChild, type SecretsDir } from '../support/child.ts';
+import { provision } from '../support/tenant.ts';
+import { rawRequest, json, until } from '../support/http.ts';
+import type { TestServer } from '../support/server.ts';
+
+type Line = Record<string, unknown> & { message: string };
+
+/** The JSON log lines printed so far (the primary relays its workers' lines whole). */
+function lines(child: SarsenChild): Line[] {
+  return child
+    .output()
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as Line);
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+describe('sarsen serve --processes', function () {
+  this.timeout(180_000);
+  let provider: FakeProvider;
+  let db: TestDatabase;
+  let secrets: SecretsDir;
+  let pool: ReturnType<typeof testPool>;
+
+  before(async () => {
+    provider = await startFakeProvider();
+    db = await createTestDatabase({ sweep_interval_ms: 100, lease_ms: 5000, heartbeat_ms: 1000 });
+    secrets = makeSecretsDir(db.conn);
+    pool = testPool(db.conn);
+  });
+  after(async () => {
+    await pool?.end();
+    secrets?.remove();
+    await db?.drop();
+    await provider?.close();
+  });
+
+  it('serves one port from two workers, replaces one killed with SIGKILL while the other recovers its request, and stops all on SIGTERM with exit 0', async () => {
+    const primary = spawnSarsen(['--port', '0', '--host', '127.0.0.1', '--processes', '2'], sarsenEnv(db.conn, secrets.dir));
+    try {
+      await primary.waitFor(/"message":"sarsen ready"/, 90_000);
+      const ready = lines(primary).find((l) => l.message === 'sarsen ready')!;
+      expect(ready).to.include({ processes: 2, worker: 'primary' });
+      const url = ready.url as string;
+      const workerPid = new Map(lines(primary).filter((l) => l.message === 'worker started').map((l) => [l.worker_id as number, l.pid as number]));
+      expect([...workerPid.keys()]).to.have.members([1, 2]);
+      // Each worker is an executor of its own, its log lines naming it.
+      await primary.waitFor(/"executor started".*"worker":2\}|"worker":2\}.*"executor started"/);
+      const owners = () => new Map(lines(primary).filter((l) => l.message === 'executor started').map((l) => [l.owner as string, l.worker as number]));
+      expect([...owners().values()]).to.have.members([1, 2]);
+
+      const t = await provision({ url, pool, db } as unknown as TestServer, provider);
+      const submit = async (content: string) => {
+        const res = await rawRequest(`${t.base}/requests`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
+          body: JSON.stringify({ model: 'gpt-test', messages: [{ role: 'user', content }] }),
+        });
+        expect(res.status, res.body.toString()).to.equal(202);
+        return json(res).request_id as string;
+      };
+      const record = (id: string) => rawRequest(`${t.base}/requests/${id}`, { headers: { 'x-sarsen-key': t.key } }).then(json);
+
+      // A connection each, passed to the workers in turn: both serve, as their access-log lines
+      // say. A worker still busy with the last hand-off is skipped, so the turn is not strict.
+      const serveUntil = async (label: string, wanted: number[]) => {
+        const ids: string[] = [];
+        const seen = new Set<number>();
+        for (let i = 0; i < 40 && !wanted.every((w) => seen.has(w)); i++) {
+          const id = await submit(`${label} ${i}`);
+          ids.push(id);
+          const line = await until(async () => lines(primary).find((l) => l.message === 'request' && l.method === 'POST' && l.request_id === id));
+          seen.add(line.worker as number);
+        }
+        for (const id of ids) await until(async () => ((await record(id)).status === 'succeeded' ? true : undefined));
+        return seen;
+      };
+      expect([...(await serveUntil('turn', [1, 2]))]).to.include.members([1, 2]);
+
+      // The next call hangs at the provider; the worker running it is killed.
+      let calls = 0;
+      provider.rule((entry) => (entry.path === '/v1/chat/completions' && ++calls === 1 ? { kind: 'hang' } : undefined));
+      const before = provider.journal.length;
+      const id = await submit('survive a worker');
+      await provider.waitUntil(() => provider.journal.length > before);
+      const { rows } = await pool.query<{ lease_owner: string }>('SELECT lease_owner FROM sarsen.requests WHERE id = $1', [id]);
+      const victim = owners().get(rows[0]!.lease_owner);
+      expect(victim, `lease owner ${rows[0]!.lease_owner}`).to.be.oneOf([1, 2]);
+      const victimPid = workerPid.get(victim!)!;
+      process.kill(victimPid, 'SIGKILL');
+
+      // The other worker recovers the request; the primary starts a replacement.
+      const done = await until(async () => {
+        const r = await record(id);
+        return r.status === 'succeeded' ? r : undefined;
+      }, 60_000);
+      expect(done.recoveries).to.equal(1);
+      expect(done.attempt_log.map((e: { outcome: string }) => e.outcome)).to.deep.equal(['worker_died', 'succeeded']);
+      await primary.waitFor(/"executor started".*"worker":3\}|"worker":3\}.*"executor started"/, 60_000);
+      const exited = lines(primary).find((l) => l.message === 'worker exited: replacing it')!;
+      expect(exited).to.include({ worker_id: victim, pid: victimPid, signal: 'SIGKILL' });
+      const replacement = lines(primary).find((l) => l.message === 'worker started' && l.worker_id === 3)!;
+      expect(alive(replacement.pid as number)).to.equal(true);
+      expect((await rawRequest(`${url}/readyz`)).status).to.equal(200);
+      // The replacement serves too.
+      expect([...(await serveUntil('after', [3]))]).to.include(3);
+
+      const survivors = [...workerPid.values()].filter((pid) => pid !== victimPid).concat(replacement.pid as number);
+      const exit = await primary.kill('SIGTERM');
+      expect(exit.code, primary.output()).to.equal(0);
+      expect(lines(primary).filter((l) => l.message === 'sarsen stopped').map((l) => l.worker)).to.have.members([3 - victim!, 3, 'primary']);
+      for (const pid of survivors) expect(alive(pid), `worker ${pid} still running`).to.equal(false);
+    } finally {
+      await primary.kill('SIGKILL');
+    }
+  });
+
+  it('stops every process with exit 0 when a terminal\'s Ctrl-C reaches the whole group', async () => {
+    const primary = spawnProcess(process.execPath, [MAIN, '--port', '0', '--host', '127.0.0.1', '--processes', '2'], { env: sarsenEnv(db.conn, secrets.dir), detached: true, label: 'sarsen --processes 2' });
+    try {
+      await primary.waitFor(/"message":"sarsen ready"/, 90_000);
+      const workers = lines(primary).filter((l) => l.message === 'worker started').map((l) => l.pid as number);
+      process.kill(-primary.child.pid!, 'SIGINT');
+      const exit = await primary.exited;
+      expect(exit.code, primary.output()).to.equal(0);
+      for (const pid of workers) expect(alive(pid), `worker ${pid} still running`).to.equal(false);
+      expect(lines(primary).filter((l) => l.message === 'second signal: exiting at once')).to.have.length(0);
+    } finally {
+      await primary.kill('SIGKILL');
+    }
+  });
+
+  it('exits 1 without respawning when its workers cannot start (the port is taken)', async () => {
+    const taken = net.createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    const { port } = taken.address() as AddressInfo;
+    const primary = spawnSarsen(['--port', String(port), '--host', '127.0.0.1', '--processes', '2'], sarsenEnv(db.conn, secrets.dir));
+    try {
+      const exit = await primary.exited;
+      expect(exit.code, primary.output()).to.equal(1);
+      expect(primary.output()).to.include('EADDRINUSE');
+      expect(lines(primary).filter((l) => l.message === 'worker started')).to.have.length(2);
+      expect(lines(primary).some((l) => l.message === 'a worker failed to start: stopping')).to.equal(true);
+    } finally {
+      await primary.kill('SIGKILL');
+      await new Promise((resolve) => taken.close(resolve));
+    }
+  });
+});

@@ -1,0 +1,65 @@
+WITH input AS (
+  SELECT t.*, CASE WHEN t.body_size >= 0 THEN substring($22::bytea FROM (sum(greatest(t.body_size, 0)) OVER (ORDER BY t.ord) - t.body_size + 1)::int FOR t.body_size) END AS body
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $6::int[], $7::int[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::boolean[], $18::text[], $19::int[], $20::text[], $21::boolean[]) WITH ORDINALITY AS t(id, attempt, outcome, http_status, content_type, body_size, error_status, retry_after, prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq, reached, ending, provider_status, transport_error, cacheable, ord)
+), cost AS (
+  SELECT i.id, coalesce((
+      SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
+            + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint
+        FROM sarsen.requests q JOIN sarsen.prices p ON p.model = q.upstream_model
+       WHERE q.id = i.id), 0) AS micros
+    FROM input i
+), done AS (
+  UPDATE sarsen.requests q
+     SET status = i.outcome, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, next_retry_at = NULL,
+         prompt_tokens = i.prompt, completion_tokens = i.completion, total_tokens = i.total,
+         error_status = i.error_status, retry_after = i.retry_after, response_bytes = octet_length(i.body),
+         chunk_bytes = i.chunk_bytes, seq_high = greatest(q.seq_high, i.last_seq),
+         cost_micros = q.cost_micros + c.micros, provider_reached = CASE WHEN q.provider_reached IS NULL THEN NULL ELSE q.provider_reached OR i.reached END,
+         attempt_log = CASE WHEN q.attempt_started_at IS NULL THEN q.attempt_log ELSE q.attempt_log || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+    'attempt', q.attempts, 'started_at', q.attempt_started_at, 'ended_at', now(), 'backend_id', q.backend_id,
+    'outcome', i.ending::text, 'status', i.provider_status::int, 'retry_after', i.retry_after::text,
+    'error', i.transport_error::text))) END,
+         attempt_started_at = NULL,
+         -- An answer the cache may not serve loses the key it would be found under.
+         cache_key = CASE WHEN i.cacheable THEN q.cache_key END
+    FROM input i JOIN cost c ON c.id = i.id
+   WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
+  RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
+            i.prompt, i.completion, i.total, i.sent, i.received, i.job_id,
+            -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
+            coalesce(q.provider_reached, false) AS provider_call, q.token_limited
+), answer AS (
+  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
+), rollup AS (
+  INSERT INTO sarsen.usage_rollup (namespace_id, shard, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes)
+  SELECT namespace_id, $23::smallint, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes FROM (SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
+            sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id) AS added
+  ON CONFLICT (namespace_id, shard) DO UPDATE
+    SET provider_calls = usage_rollup.provider_calls + EXCLUDED.provider_calls, upstream_sent_bytes = usage_rollup.upstream_sent_bytes + EXCLUDED.upstream_sent_bytes, upstream_received_bytes = usage_rollup.upstream_received_bytes + EXCLUDED.upstream_received_bytes, response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes
+  RETURNING 1
+), entry AS (
+  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+  SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
+  RETURNING 1
+), per_key AS (
+  INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens)
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($23::smallint)::int % 4, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens FROM (SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
+            count(*) FILTER (WHERE provider_call) AS provider_calls,
+            sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
+       FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id) AS added
+  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
+    SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events, provider_calls = key_usage_hourly.provider_calls + EXCLUDED.provider_calls, prompt_tokens = CASE WHEN EXCLUDED.prompt_tokens IS NULL THEN key_usage_hourly.prompt_tokens ELSE coalesce(key_usage_hourly.prompt_tokens, 0) + EXCLUDED.prompt_tokens END, completion_tokens = CASE WHEN EXCLUDED.completion_tokens IS NULL THEN key_usage_hourly.completion_tokens ELSE coalesce(key_usage_hourly.completion_tokens, 0) + EXCLUDED.completion_tokens END, total_tokens = CASE WHEN EXCLUDED.total_tokens IS NULL THEN key_usage_hourly.total_tokens ELSE coalesce(key_usage_hourly.total_tokens, 0) + EXCLUDED.total_tokens END
+  RETURNING 1
+), window_tokens AS (
+  INSERT INTO sarsen.key_window_tokens AS w (api_key_id, window_start, tokens)
+  SELECT api_key_id, date_trunc('minute', now()), coalesce(sum(coalesce(total, coalesce(prompt, 0) + coalesce(completion, 0))), 0)
+    FROM done WHERE token_limited AND api_key_id IS NOT NULL GROUP BY api_key_id
+   ORDER BY api_key_id
+  ON CONFLICT (api_key_id) DO UPDATE SET window_start = greatest(w.window_start, EXCLUDED.window_start), tokens = CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.tokens ELSE 0 END + EXCLUDED.tokens
+  RETURNING 1
+), removed AS (
+  DELETE FROM graphile_worker._private_jobs AS jobs WHERE jobs.id = ANY(ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)) AND jobs.locked_at IS NULL RETURNING 1
+), notified AS (
+  SELECT sarsen.bus_notify($24::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
+)
+SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done

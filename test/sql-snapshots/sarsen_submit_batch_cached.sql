@@ -1,0 +1,136 @@
+WITH offered AS (
+  SELECT t.*
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $16::text[], $17::bytea[], $18::bigint[], $19::boolean[]) WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, cache_key, cache_ms, cache_store, ord)
+), probe AS (
+  SELECT o.*,
+         CASE WHEN o.cache_key IS NOT NULL THEN (
+           SELECT k.request_id FROM sarsen.idempotency_claims k
+            WHERE k.namespace_id = o.namespace_id AND k.identity = o.identity AND k.expires_at > now()) END AS live_id,
+         CASE WHEN o.cache_key IS NOT NULL AND o.cache_ms > 0 THEN (
+           SELECT q.id FROM sarsen.requests q
+            WHERE q.namespace_id = o.namespace_id AND q.cache_key = o.cache_key AND q.status = 'succeeded' AND NOT q.expired
+              AND q.finished_at > now() - o.cache_ms * interval '1 millisecond'
+              -- Served only while its answer is stored: a swept answer is never served. A key
+              -- lookup per row (a scalar subquery is never turned into a join, which would read
+              -- the answers' index whole).
+              AND (SELECT true FROM sarsen.responses r WHERE r.request_id = q.id) IS NOT NULL
+            ORDER BY q.finished_at DESC LIMIT 1) END AS source_id
+    FROM offered o
+), decided AS (
+  SELECT p.*, source_id IS NOT NULL AND coalesce(live_status NOT IN ('pending', 'running'), true) AS hit, CASE WHEN p.source_id IS NULL AND s.live_status = 'succeeded' THEN p.live_id END AS takeover_of
+    FROM probe p
+    CROSS JOIN LATERAL (
+      SELECT CASE WHEN p.live_id IS NOT NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.live_id) END AS live_status
+    ) AS s
+), input AS (
+  SELECT * FROM decided WHERE NOT hit
+), hits AS (
+  SELECT * FROM decided WHERE hit
+), served AS (
+  INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
+    forwarded_headers, hops, request_bytes, response_bytes, chunk_bytes, cost_micros, status, attempts, started_at, finished_at,
+    seq_high, stream_first_seq, prompt_tokens, completion_tokens, total_tokens, provider_reached, cached_from)
+  SELECT h.id, h.tenancy_id, h.namespace_id, h.api_key_id, s.backend_id, h.dialect, h.streaming, h.model, h.upstream_model,
+         h.headers::jsonb, h.hops, octet_length(h.body), s.response_bytes, s.chunk_bytes, 0, 'succeeded', 0, now(), now(),
+         s.seq_high, s.stream_first_seq, s.prompt_tokens, s.completion_tokens, s.total_tokens, false, s.id
+    FROM hits h JOIN sarsen.requests s ON s.id = h.source_id AND s.id = ANY (ARRAY(SELECT source_id FROM hits))
+  ON CONFLICT (id) DO NOTHING
+  RETURNING id, tenancy_id, namespace_id, api_key_id, cached_from, stream_first_seq, request_bytes, response_bytes, chunk_bytes
+), served_body AS (
+  INSERT INTO sarsen.request_bodies (request_id, body) SELECT h.id, h.body FROM hits h JOIN served v ON v.id = h.id RETURNING 1
+), served_answer AS (
+  INSERT INTO sarsen.responses (request_id, status, content_type, body)
+  SELECT v.id, r.status, r.content_type, r.body
+    FROM served v JOIN sarsen.responses r ON r.request_id = v.cached_from AND r.request_id = ANY (ARRAY(SELECT cached_from FROM served))
+  RETURNING 1
+), served_frames AS (
+  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
+  SELECT v.id, c.last_seq, c.attempt, c.frames, c.frame_lengths
+    FROM served v JOIN sarsen.chunks c ON c.request_id = v.cached_from AND c.request_id = ANY (ARRAY(SELECT cached_from FROM served))
+   WHERE c.last_seq >= v.stream_first_seq
+  RETURNING 1
+), served_entry AS (
+  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+  SELECT tenancy_id, namespace_id, api_key_id, id, 'cached', 0 FROM served
+  RETURNING 1
+), claim AS (
+  INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
+  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $20::double precision / 1000)
+    FROM input ORDER BY namespace_id, identity, ord
+  ON CONFLICT (namespace_id, identity) DO UPDATE SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
+   WHERE k.expires_at <= now() OR k.request_id = ANY (ARRAY(SELECT takeover_of FROM input WHERE takeover_of IS NOT NULL))
+  RETURNING k.namespace_id, k.identity, k.request_id
+), placed AS (
+  SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
+    FROM input i
+    LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
+    -- A key lookup per submission (a subquery in the select list is never turned into a join).
+    CROSS JOIN LATERAL (
+      SELECT CASE WHEN c.request_id IS NULL AND i.takeover_of IS NULL THEN (
+        SELECT k.request_id FROM sarsen.idempotency_claims k
+         WHERE k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()) END AS request_id
+    ) AS l
+), created AS (
+  SELECT * FROM placed WHERE request_id = id AND NOT repeated
+), request AS (
+  INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, cache_key)
+  SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
+         headers::jsonb, hops, octet_length(body), $21::bigint,
+         CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
+         owner, CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => $22::double precision / 1000) END, CASE WHEN owner IS NOT NULL THEN now() END,
+         CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
+         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), CASE WHEN cache_store THEN cache_key END
+    FROM created
+  RETURNING 1
+), body AS (
+  INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
+), credential AS (
+  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
+), job AS (
+  INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
+    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, CASE WHEN owner IS NULL THEN now() ELSE now() + make_interval(secs => $22::double precision / 1000) END AS run_at FROM created) AS j
+    RETURNING key, id
+), woken AS (
+  SELECT sarsen.wake_executors(n) FROM (SELECT (SELECT count(*) FROM created WHERE owner IS NULL) AS n) AS due WHERE n > 0
+), entry AS (
+  INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
+  SELECT tenancy_id, namespace_id, api_key_id, request_id,
+         CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $21::bigint ELSE 0 END
+    FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
+  RETURNING 1
+), counted AS (
+  INSERT INTO sarsen.usage_rollup (namespace_id, shard, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits)
+  SELECT namespace_id, $23::smallint, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits FROM (SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
+            sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits
+       FROM (SELECT namespace_id, CASE WHEN request_id = id THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
+               FROM placed WHERE request_id IS NOT NULL AND NOT repeated
+             UNION ALL
+             SELECT namespace_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
+      GROUP BY namespace_id) AS added
+  ON CONFLICT (namespace_id, shard) DO UPDATE
+    SET accepted_submissions = usage_rollup.accepted_submissions + EXCLUDED.accepted_submissions, request_bytes = usage_rollup.request_bytes + EXCLUDED.request_bytes, response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes, chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes, cache_hits = usage_rollup.cache_hits + EXCLUDED.cache_hits
+  RETURNING 1
+), hourly AS (
+  INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, cache_hits)
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($23::smallint)::int % 4, ledger_events, cache_hits FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
+       FROM (SELECT namespace_id, api_key_id, 0 AS cache_hits FROM placed WHERE request_id IS NOT NULL AND NOT repeated
+             UNION ALL
+             SELECT namespace_id, api_key_id, 1 FROM served) AS landed
+      GROUP BY namespace_id, api_key_id) AS added
+  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
+    SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events, cache_hits = key_usage_hourly.cache_hits + EXCLUDED.cache_hits
+  RETURNING 1
+)
+SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
+       CASE WHEN h.id IS NOT NULL THEN 'succeeded' WHEN m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
+       h.source_id AS cached_from,
+       NULL::text AS refused,
+       NULL::int AS retry_after,
+       (SELECT count(*) FROM woken) AS woken
+  FROM offered g
+  LEFT JOIN placed p ON p.ord = g.ord
+  LEFT JOIN created m ON m.id = p.request_id
+  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
+  LEFT JOIN hits h ON h.ord = g.ord
+ ORDER BY g.ord

@@ -1,0 +1,213 @@
+// A highly available PostgreSQL on this machine, from Debian's pg_auto_failover
+// (postgresql-<version>-auto-failover): a monitor and two nodes with synchronous replication,
+// each on a port of its own, data under a temporary directory, run as the `postgres` user
+// (pg_autoctl refuses root). The monitor is tuned to notice a dead primary in about two seconds
+// and to promote after five (docs/scaling.md says what the defaults are and why they are longer).
+import fs from 'node:fs';
+import os from 'node:os';
+import net from 'node:net';
+import path from 'node:path';
+import { execFile, execFileSync } from 'node:child_process';
+import { promisify } from 'node:util';
+import pg from 'pg';
+import { spawnProcess, type SarsenChild } from './child.ts';
+
+export type HaNode = { name: string; port: number; pgdata: string; keeper: SarsenChild | null };
+
+export type HaCluster = {
+  /** `127.0.0.1:<port>,127.0.0.1:<port>`: CTX_DATABASE_HOST for the pair. */
+  hosts: string;
+  database: string;
+  nodes: HaNode[];
+  /** The node the monitor has as primary, once the pair is primary and secondary again. */
+  healthy(timeoutMs?: number): Promise<HaNode>;
+  /** Kills a node's keeper and its postmaster with SIGKILL (the node is lost). */
+  kill(node: HaNode): void;
+  /** Starts a killed node's keeper again: it rejoins as a standby. */
+  restart(node: HaNode): void;
+  /** Resolves at the moment `node` takes writes (promoted, no longer read-only). */
+  writable(node: HaNode, timeoutMs?: number): Promise<number>;
+  /** pg_autoctl perform switchover: the secondary becomes primary, the primary secondary. */
+  switchover(): Promise<void>;
+  stop(): Promise<void>;
+};
+
+/** Where pg_auto_failover's binaries and PostgreSQL's are, or null when the package is missing. */
+export function autoFailoverInstalled(): { bin: string; version: string } | null {
+  const base = '/usr/lib/postgresql';
+  if (!fs.existsSync('/usr/bin/pg_autoctl') || !fs.existsSync(base)) return null;
+  const version = fs.readdirSync(base).find((v) => fs.existsSync(path.join(base, v, 'lib/pgautofailover.so')));
+  return version ? { bin: path.join(base, version, 'bin'), version } : null;
+}
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address() as net.AddressInfo;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function until<T>(what: string, timeoutMs: number, fn: () => Promise<T | undefined>, everyMs = 100): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn().catch(() => undefined);
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`HA cluster: ${what} not reached within ${timeoutMs} ms`);
+    await sleep(everyMs);
+  }
+}
+
+async function query<T extends pg.QueryResultRow>(port: number, database: string, sql: string): Promise<T[]> {
+  const c = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', database, connectionTimeoutMillis: 2000 });
+  c.on('error', () => undefined);
+  try {
+    await c.connect();
+    return (await c.query<T>(sql)).rows;
+  } finally {
+    await c.end().catch(() => undefined);
+  }
+}
+
+export async function startHaCluster(opts: { database?: string } = {}): Promise<HaCluster> {
+  const installed = autoFailoverInstalled();
+  if (!installed) throw new Error('pg_auto_failover is not installed: apt-get install postgresql-<version>-auto-failover (see .ci/run)');
+  const database = opts.database ?? 'sarsen';
+  const root = process.getuid?.() === 0;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-ha-'));
+  if (root) execFileSync('chown', ['postgres:postgres', dir]);
+  const env = { ...process.env, PATH: `${installed.bin}:${process.env.PATH}` };
+  // As the postgres user when we are root.
+  const command = (args: string[]): [string, string[]] => (root ? ['runuser', ['-u', 'postgres', '--', 'env', `PATH=${env.PATH}`, 'pg_autoctl', ...args]] : ['pg_autoctl', args]);
+  const autoctl = (args: string[]) => {
+    const [file, argv] = command(args);
+    return execFileSync(file, argv, { env, cwd: dir, stdio: ['ignore', 'pipe', 'pipe'], timeout: 120_000 }).toString();
+  };
+  const keepers = new Set<SarsenChild>();
+  const run = (pgdata: string): SarsenChild => {
+    const [file, argv] = command(['run', '--pgdata', pgdata]);
+    // A process group of its own: killing the node kills its keeper and its postmaster together.
+    const keeper = spawnProcess(file, argv, { env, cwd: dir, detached: true, label: `pg_autoctl run ${path.basename(pgdata)}` });
+    keepers.add(keeper);
+    void keeper.exited.then(() => keepers.delete(keeper));
+    return keeper;
+  };
+  const monitorPort = await freePort();
+  const ports = [await freePort(), await freePort()];
+  const monitorData = path.join(dir, 'monitor');
+  const nodes: HaNode[] = ports.map((port, i) => ({ name: `node_${i + 1}`, port, pgdata: path.join(dir, `node${i + 1}`), keeper: null }));
+  const states = async () =>
+    query<{ nodename: string; nodeport: number; reportedstate: string; goalstate: string }>(
+      monitorPort,
+      'pg_auto_failover',
+      'SELECT nodename, nodeport, reportedstate, goalstate FROM pgautofailover.node',
+    );
+  const stop = async () => {
+    for (const pgdata of [...nodes.map((n) => n.pgdata), monitorData]) {
+      if (fs.existsSync(pgdata)) {
+        try {
+          autoctl(['stop', '--pgdata', pgdata, '--immediate']);
+        } catch {
+          // already down
+        }
+      }
+    }
+    await sleep(500);
+    for (const k of keepers) {
+      if (k.child.pid) {
+        try {
+          process.kill(-k.child.pid, 'SIGKILL');
+        } catch {
+          // gone
+        }
+      }
+      await k.exited;
+    }
+    fs.rmSync(dir, { recursive: true, force: true });
+  };
+
+  try {
+    const common = ['--hostname', '127.0.0.1', '--auth', 'trust', '--no-ssl', '--listen', '127.0.0.1'];
+    autoctl(['create', 'monitor', '--pgdata', monitorData, '--pgport', String(monitorPort), ...common]);
+    run(monitorData);
+    await until('monitor up', 30_000, async () => (await query(monitorPort, 'pg_auto_failover', 'SELECT 1')).length > 0 || undefined);
+    // Notice a node gone within about two seconds; promote five seconds after (the keeper of a
+    // cut-off primary demotes itself after three: see network_partition_timeout below).
+    const tuning: [string, number][] = [
+      ['health_check_period', 1000],
+      ['health_check_timeout', 1000],
+      ['health_check_max_retries', 1],
+      ['health_check_retry_delay', 500],
+      ['node_considered_unhealthy_timeout', 2000],
+      ['primary_demote_timeout', 5000],
+    ];
+    for (const [name, value] of tuning) await query(monitorPort, 'pg_auto_failover', `ALTER SYSTEM SET pgautofailover.${name} = ${value}`);
+    await query(monitorPort, 'pg_auto_failover', 'SELECT pg_reload_conf()');
+    const monitor = `postgres://autoctl_node@127.0.0.1:${monitorPort}/pg_auto_failover?sslmode=disable`;
+    for (const node of nodes) {
+      autoctl(['create', 'postgres', '--pgdata', node.pgdata, '--pgport', String(node.port), '--name', node.name, '--dbname', database, '--monitor', monitor, ...common]);
+      autoctl(['config', 'set', '--pgdata', node.pgdata, 'timeout.network_partition_timeout', '3']);
+      node.keeper = run(node.pgdata);
+      await until(`${node.name} registered`, 60_000, async () => {
+        const s = (await states()).find((r) => r.nodename === node.name);
+        return s && s.reportedstate === s.goalstate && ['single', 'primary', 'secondary'].includes(s.reportedstate) ? true : undefined;
+      });
+    }
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+
+  /** The monitor's view and the end of each keeper's log, for a failure message. */
+  const describe = async () =>
+    `monitor: ${JSON.stringify(await states().catch(() => null))}\n${nodes.map((n) => `${n.name}: ${n.keeper?.output().slice(-2500) ?? '(not running)'}`).join('\n')}`;
+
+  const cluster: HaCluster = {
+    hosts: nodes.map((n) => `127.0.0.1:${n.port}`).join(','),
+    database,
+    nodes,
+    async healthy(timeoutMs = 90_000) {
+      try {
+        return await until('primary and secondary', timeoutMs, async () => {
+          const s = await states();
+          const primary = s.find((r) => r.reportedstate === 'primary' && r.goalstate === 'primary');
+          const secondary = s.find((r) => r.reportedstate === 'secondary' && r.goalstate === 'secondary');
+          return primary && secondary ? nodes.find((n) => n.name === primary.nodename) : undefined;
+        }, 200);
+      } catch (err) {
+        throw new Error(`${(err as Error).message}; ${await describe()}`);
+      }
+    },
+    kill(node) {
+      const pid = node.keeper?.child.pid;
+      if (!pid) throw new Error(`${node.name} has no keeper running`);
+      process.kill(-pid, 'SIGKILL');
+      node.keeper = null;
+    },
+    restart(node) {
+      node.keeper = run(node.pgdata);
+    },
+    async writable(node, timeoutMs = 120_000) {
+      try {
+        return await until(`${node.name} writable`, timeoutMs, async () => {
+          const [r] = await query<{ rw: boolean }>(node.port, database, `SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS rw`);
+          return r?.rw ? Date.now() : undefined;
+        }, 25);
+      } catch (err) {
+        throw new Error(`${(err as Error).message}; ${await describe()}`);
+      }
+    },
+    async switchover() {
+      // (Not execFileSync: the load runs on this event loop meanwhile.)
+      const [file, argv] = command(['perform', 'switchover', '--pgdata', monitorData, '--wait', '120']);
+      await promisify(execFile)(file, argv, { env, cwd: dir, timeout: 180_000 });
+    },
+    stop,
+  };
+  return cluster;
+}

@@ -1,0 +1,41 @@
+import { expect } from 'chai';
+import { restartAfter, RESTART_POLICY } from '../../src/core/restart-backoff.ts';
+import { parseCommandLine, readEnvironment, ConfigError } from '../../src/config/config.ts';
+import { processCount } from '../../src/cli/cluster.ts';
+
+describe('replacing dead workers', () => {
+  it('doubles the wait while replacements die young, up to the cap', () => {
+    let failures = 0;
+    const delays = [];
+    for (let i = 0; i < 12; i++) {
+      const next = restartAfter(failures, 1_000);
+      delays.push(next.delayMs);
+      failures = next.failures;
+    }
+    expect(delays.slice(0, 4)).to.deep.equal([100, 200, 400, 800]);
+    expect(Math.max(...delays)).to.equal(RESTART_POLICY.maxMs);
+    expect(delays).to.deep.equal([...delays].sort((a, b) => a - b));
+  });
+
+  it('starts over after a worker that lived long enough', () => {
+    expect(restartAfter(9, RESTART_POLICY.stableMs)).to.deep.equal({ delayMs: RESTART_POLICY.firstMs, failures: 1 });
+    expect(restartAfter(1e6, 0).delayMs).to.equal(RESTART_POLICY.maxMs);
+  });
+});
+
+describe('--processes', () => {
+  it('is taken from the flag, else CTX_PROCESSES, else one per core (one on embedded PostgreSQL)', () => {
+    expect(parseCommandLine(['--processes', '3'], false).processes).to.equal(3);
+    expect(parseCommandLine([], false).processes).to.equal(null);
+    expect(readEnvironment({ CTX_PROCESSES: '4' }).processes).to.equal(4);
+    expect(readEnvironment({}).processes).to.equal(null);
+    expect(processCount(null, true)).to.equal(1);
+    expect(processCount(null, false)).to.be.at.least(1);
+    expect(processCount(2, true)).to.equal(2);
+  });
+
+  it('refuses what is not a positive whole number', () => {
+    for (const bad of ['0', '-1', '1.5', 'many']) expect(() => parseCommandLine(['--processes', bad], false), bad).to.throw(ConfigError, /processes/);
+    expect(() => readEnvironment({ CTX_PROCESSES: '0' })).to.throw(ConfigError, /CTX_PROCESSES/);
+  });
+});
