@@ -21,12 +21,10 @@ RUN npm ci --omit=dev --omit=optional --ignore-scripts --no-audit --no-fund
 
 FROM node:24-slim
 ENV NODE_ENV=production
-# Runtime settings (as npm start uses them): fewer malloc arenas, a V8 young generation of at
-# most 16 MB a semi-space (left alone, V8 sizes it for the machine's memory and a busy
-# process's heap balloons), and an old generation of at most 1 GB (below 2 GB V8 lets it grow
-# to at most 1.6 times what survived its last collection instead of 4 times): measured to keep
-# 1,000 streams opened at once under 300 MB RSS.
-ENV MALLOC_ARENA_MAX=2 NODE_OPTIONS="--max-semi-space-size=16 --max-old-space-size=1024"
+# Runtime settings (fewer malloc arenas, V8's young generation and heap limit) are chosen by
+# bin/sarsen.js at startup, as for npm start: the heap limit is half of the container's memory
+# limit when there is one (at most 1 GB), else 1 GB (src/core/runtime-flags.ts). A heap size
+# set in NODE_OPTIONS wins.
 WORKDIR /app
 COPY --from=deps /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist

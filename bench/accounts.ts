@@ -1,4 +1,4 @@
-// The accounts benchmark (DESIGN.md section 6, last row; issue 7): a namespace with 1,000,000
+// The accounts benchmark (docs/performance.md "Targets", last row; issue 7): a namespace with 1,000,000
 // requests over 60 days, then the latency over real HTTP of the first and the 100th listing
 // page, GET /usage without and with `since`, and GET /storage, against the < 20 ms target.
 // One keep-alive connection, requests one at a time, a warm-up before each measure.
@@ -20,7 +20,7 @@ import { percentile, fmt, table } from './lib/stats.ts';
 import { provisionAccounts, seedNamespace, settle, type AccountsTenant, type SeedStep } from './lib/accounts-seed.ts';
 import { captureSql, explain, keyLines, type Plan } from './lib/accounts-explain.ts';
 
-const TARGET_MS = 20; // DESIGN.md section 6: listing page / GET /usage < 20 ms
+const TARGET_MS = 20; // docs/performance.md "Targets": listing page / GET /usage < 20 ms
 const HARD_LIMIT_MS = 10 * 60_000;
 const FEE_MICROS = 100;
 const PAGE = 50;

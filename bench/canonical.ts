@@ -1,4 +1,4 @@
-// Canonical JSON throughput versus JSON.parse + JSON.stringify (DESIGN.md section 6:
+// Canonical JSON throughput versus JSON.parse + JSON.stringify (docs/performance.md "Targets":
 // target ≥ 50%). Run: npm exec -- node bench/canonical.ts
 import { parseCanonical, withTopLevelField, jsonString } from '../src/core/canonical-json.ts';
 
@@ -117,4 +117,4 @@ for (const [label, target, shape] of cases) {
 }
 const widths = rows[0].map((_, c) => Math.max(...rows.map((r) => r[c].length)));
 for (const r of rows) console.log(r.map((cell, c) => cell.padStart(widths[c])).join('  '));
-console.log('target (DESIGN.md section 6): parseCanonical >= 50% of JSON.parse+stringify');
+console.log('target (docs/performance.md): parseCanonical >= 50% of JSON.parse+stringify');

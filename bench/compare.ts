@@ -1,19 +1,32 @@
-// The side-by-side benchmark (issue 13; DESIGN.md section 6): the same provider called
-// directly, through a stateless gateway (Portkey's open-source gateway, no storage), and
-// through Sarsen (role both, every request durable), in one run on one machine, with wrk as
-// the load generator and every request body distinct. Targets are ratios against the gateway
-// measured in the same run, because machines differ about 2x in absolute figures.
+// The side-by-side benchmark (docs/performance.md): the same provider called directly, through
+// a stateless gateway (Portkey's open-source gateway, no storage), and through Sarsen (role
+// both, every request durable), in one run on one machine, with wrk as the load generator and
+// every request body distinct. Targets are ratios against the gateway measured in the same
+// run, because machines differ in absolute figures (docs/performance.md "Targets").
 //
-//   non-streaming   closed loop at --concurrency (default 1,16,64) on each side
-//   acceptance      POST /requests at c=64, then the backlog it accepted drained to terminal states
-//   streams         --streams (default 256) concurrent streams of 50 frames 20 ms apart
-//                   (1.0 s at the provider) on each side: stream duration and timeouts
-//   many streams    --many (default 1000) streams opened at once, each once, directly and through
-//                   Sarsen: whether all complete, how long they take, and Sarsen's peak RSS
+//   nonstream     closed loop at --concurrency (default 1,16,64) on each side, with each side's
+//                 slowest request and how many took over a second
+//   accept        POST /requests at c=64, then the backlog it accepted drained to terminal states;
+//                 then the same with a key that has rate limits (set too high to refuse), and
+//                 without again: what the limit check costs, measured in one run
+//   cache         c=1 pairs through a namespace with the response cache: a distinct body (a
+//                 provider call), then the same body again (answered from the cache)
+//   streams       --concurrent-streams (default 256) concurrent streams of 50 frames 20 ms apart
+//                 (1.0 s at the provider) on each side: stream duration and timeouts
+//   many          --many (default 1000) streams opened at once, each once, directly and through
+//                 Sarsen: whether all complete, how long they take, and Sarsen's peak RSS
+//   longstreams   --streams (default 2000) streams of --frames (300) frames --frame-ms (30) apart,
+//                 opened evenly over --arrival-s (10), on each side: time to first frame, delay
+//                 between frames, duration, every byte compared, CPU per frame, peak RSS, and
+//                 Sarsen's database writes per frame
+//   processes     Sarsen with --processes 1, then 2, at c=64: the throughput ratio
 //
-// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --phases nonstream,accept,streams,many --allow-non-durable]
+// Sarsen runs with --processes 1 (--sarsen-processes N for the phases but the last).
+// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --phases nonstream,accept,cache,streams,many,longstreams,processes --allow-non-durable]
 // Needs wrk (Debian: apt-get install wrk). PostgreSQL must be durable (see lib/database.ts).
+import fs from 'node:fs';
 import os from 'node:os';
+import http from 'node:http';
 import path from 'node:path';
 import crypto from 'node:crypto';
 import { parseArgs } from 'node:util';
@@ -27,23 +40,32 @@ import { startGateway, type Gateway } from './lib/gateway.ts';
 import { startBenchSarsen, SARSEN_RUNTIME_ENV, type BenchSarsen } from './lib/sarsen-child.ts';
 import { provisionChat } from './lib/provision.ts';
 import { runWrk, wrkVersion, describeFailures, type WrkResult } from './lib/wrk.ts';
-import { processCpuMs, postmasterPid, serverCpuMs } from './lib/cpu.ts';
-import { sampleRss } from './lib/stream-sarsen.ts';
+import { postmasterPid, serverCpuMs } from './lib/cpu.ts';
+import { treeCpuMs, sampleTreeRss } from './lib/process-tree.ts';
 import { createAgent, streamOnce } from './lib/stream-client.ts';
-import { summarise } from './lib/stats.ts';
-import { fmt, table, verdict } from './lib/stats.ts';
+import { runLongStreams, longStreamsReport, type LongResult, type LongShape, type LongSide } from './lib/long-streams.ts';
+import { summarise, fmt, table, verdict } from './lib/stats.ts';
+import { traceReport, type TraceWindow } from './lib/trace-report.ts';
 
+const PHASE_NAMES = ['nonstream', 'accept', 'cache', 'streams', 'many', 'longstreams', 'processes'];
 const { values: args } = parseArgs({
   options: {
     seconds: { type: 'string', default: '8' },
     warmup: { type: 'string', default: '2' },
     concurrency: { type: 'string', default: '1,16,64' },
     'accept-concurrency': { type: 'string', default: '64' },
-    streams: { type: 'string', default: '256' },
+    'concurrent-streams': { type: 'string', default: '256' },
     many: { type: 'string', default: '1000' },
     'stream-seconds': { type: 'string', default: '10' },
+    streams: { type: 'string', default: '2000' },
+    frames: { type: 'string', default: '300' },
+    'frame-ms': { type: 'string', default: '30' },
+    'arrival-s': { type: 'string', default: '10' },
+    'sarsen-processes': { type: 'string', default: '1' },
+    // Sarsen writes every submission's milestones (src/trace.ts); the slowest are printed at the end.
+    trace: { type: 'boolean', default: false },
     // A subset of the phases, for working on one target: --phases accept,many
-    phases: { type: 'string', default: 'nonstream,accept,streams,many' },
+    phases: { type: 'string', default: PHASE_NAMES.join(',') },
     'allow-non-durable': { type: 'boolean', default: false },
     // Environment of the Sarsen children beyond the runtime settings they get anyway
     // (SARSEN_RUNTIME_ENV): --child-env NODE_OPTIONS=--max-semi-space-size=8
@@ -54,13 +76,16 @@ const SECONDS = Number(args.seconds);
 const WARMUP = Number(args.warmup);
 const LEVELS = args.concurrency.split(',').map(Number);
 const ACCEPT_C = Number(args['accept-concurrency']);
-const STREAMS = Number(args.streams);
+const STREAMS = Number(args['concurrent-streams']);
 const MANY = Number(args.many);
 const STREAM_SECONDS = Number(args['stream-seconds']);
+const LONG: LongShape = { streams: Number(args.streams), frames: Number(args.frames), frameMs: Number(args['frame-ms']), arrivalMs: Number(args['arrival-s']) * 1000 };
+const SARSEN_PROCESSES = Number(args['sarsen-processes']);
+const PROCESSES_C = 64;
 const PHASES = new Set(args.phases.split(','));
-for (const p of PHASES) if (!['nonstream', 'accept', 'streams', 'many'].includes(p)) throw new Error(`unknown phase ${p}; the phases are nonstream, accept, streams, many`);
-if (![SECONDS, WARMUP, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, ...LEVELS].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1) {
-  throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --streams N --many N --stream-seconds N');
+for (const p of PHASES) if (!PHASE_NAMES.includes(p)) throw new Error(`unknown phase ${p}; the phases are ${PHASE_NAMES.join(', ')}`);
+if (![SECONDS, WARMUP, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, LONG.streams, LONG.frames, LONG.frameMs, ...LEVELS].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1 || LONG.frames < 2 || !(LONG.arrivalMs > 0) || !(SARSEN_PROCESSES >= 1)) {
+  throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --concurrent-streams N --many N --stream-seconds N --streams N --frames N (≥ 2) --frame-ms N --arrival-s S --sarsen-processes N');
 }
 const CHILD_ENV: Record<string, string> = {
   ...SARSEN_RUNTIME_ENV,
@@ -72,6 +97,11 @@ const CHILD_ENV: Record<string, string> = {
     }),
   ),
 };
+// Traced runs keep their files for a closer look.
+const TRACE_PREFIX = args.trace ? path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-trace-')), 'trace') : null;
+if (TRACE_PREFIX) CHILD_ENV.SARSEN_TRACE = TRACE_PREFIX;
+const traceWindows: TraceWindow[] = [];
+const epochNow = () => performance.timeOrigin + performance.now();
 const describeRuntime = (env: Record<string, string>) => Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ');
 const FRAMES = 50;
 const PACE_MS = 20;
@@ -87,26 +117,35 @@ type Measured = WrkResult & { cpu: number; pgCpu: number };
 
 const chatBody = (stream: boolean) => `{"model":"gpt-bench",${stream ? '"stream":true,' : ''}"messages":[{"role":"user","content":"compare ${TAG} {n}"}]}`;
 
-async function startProvider(): Promise<{ url: string; child: SarsenChild }> {
-  const child = spawnNode(path.join(HERE, 'lib/provider-process.ts'), ['--frames', String(FRAMES), '--pace', String(PACE_MS)], process.env, 'bench provider');
+type Provider = { url: string; child: SarsenChild };
+
+async function startProvider(frames = FRAMES, paceMs = PACE_MS, record = false): Promise<Provider> {
+  const child = spawnNode(path.join(HERE, 'lib/provider-process.ts'), ['--frames', String(frames), '--pace', String(paceMs), ...(record ? ['--record'] : [])], process.env, 'bench provider');
   const [, url] = await child.waitFor(/listening (http:\S+)/, 30_000);
   return { url: url!, child };
 }
 
-type SarsenUnderTest = { sarsen: BenchSarsen; pool: pg.Pool; side: Side; postmaster: number | null };
+/** `limited`: a key whose rate limits are checked on every submission but never reached; `cached`: a namespace with the response cache. */
+type SarsenUnderTest = { sarsen: BenchSarsen; pool: pg.Pool; side: Side; limited: Side; cached: Side; postmaster: number | null };
 
-/** A Sarsen child (role both) on a fresh database, provisioned with a key on the provider. */
-async function startSarsen(providerUrl: string): Promise<SarsenUnderTest> {
-  const sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 }, env: CHILD_ENV });
+// Limits far above any rate this machine reaches: every submission pays for the check, none is refused.
+const NEVER_REACHED = { requests_per_minute: 2_000_000_000, tokens_per_minute: 1_000_000_000_000 };
+
+/** A Sarsen child (role both) on a fresh database, provisioned with keys on the provider. */
+async function startSarsen(providerUrl: string, processes = SARSEN_PROCESSES): Promise<SarsenUnderTest> {
+  const sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 }, env: CHILD_ENV, processes });
   const pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
-  const tenant = await provisionChat(sarsen.url, pool, providerUrl);
-  const side: Side = {
-    name: 'sarsen',
-    url: `${sarsen.url}${tenant.basePath}/chat/completions`,
-    headers: { 'content-type': 'application/json', 'x-sarsen-key': tenant.key },
-    pid: sarsen.child.child.pid!,
+  const sideOf = async (opts: Parameters<typeof provisionChat>[3] = {}): Promise<Side> => {
+    const tenant = await provisionChat(sarsen.url, pool, providerUrl, opts);
+    return {
+      name: 'sarsen',
+      url: `${sarsen.url}${tenant.basePath}/chat/completions`,
+      headers: { 'content-type': 'application/json', 'x-sarsen-key': tenant.key },
+      pid: sarsen.child.child.pid!,
+    };
   };
-  return { sarsen, pool, side, postmaster: await postmasterPid(pool).catch(() => null) };
+  const [side, limited, cached] = [await sideOf(), await sideOf({ limits: NEVER_REACHED }), await sideOf({ cacheTtlMinutes: 60 })];
+  return { sarsen, pool, side, limited, cached, postmaster: await postmasterPid(pool).catch(() => null) };
 }
 
 async function stopSarsen(s: SarsenUnderTest | null): Promise<void> {
@@ -119,20 +158,30 @@ async function main(): Promise<void> {
   const db = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
   const wrk = wrkVersion();
   if (!wrk) throw new Error('wrk is not installed (Debian: apt-get install wrk); the side-by-side benchmark uses it as its load generator.');
-  let provider: { url: string; child: SarsenChild } | null = null;
+  const has = (...phases: string[]) => phases.some((p) => PHASES.has(p));
+  let provider: Provider | null = null;
+  let longProvider: Provider | null = null;
   let gateway: Gateway | null = null;
   let under: SarsenUnderTest | null = null;
+  let postmaster: number | null = null;
+  // Each group of phases gets a Sarsen of its own, on a fresh database.
+  const freshSarsen = async (what: string, providerUrl: string, processes = SARSEN_PROCESSES) => {
+    await stopSarsen(under);
+    under = null;
+    progress(`starting Sarsen (role both, --processes ${processes}) against a fresh database for ${what}`);
+    under = await startSarsen(providerUrl, processes);
+    postmaster ??= under.postmaster;
+    return under;
+  };
   try {
     provider = await startProvider();
     gateway = await startGateway();
-    progress('starting Sarsen (role both) against a fresh database');
-    under = await startSarsen(provider.url);
 
     out(`Sarsen side-by-side benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}`);
     out(`node ${process.version}; load generator ${wrk}; gateway @portkey-ai/gateway ${gateway.version}; provider: a Node process answering at once (streams: ${FRAMES} frames ${PACE_MS} ms apart)`);
     out(`database: ${db.describe}`);
-    out(`Sarsen: role both, ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases and another for the streaming ones; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase; every body distinct`);
+    out(`Sarsen: role both, --processes ${SARSEN_PROCESSES} (the processes phase: 1 and 2), ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases, another for the streaming ones, another for the long streams; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase; every body distinct`);
     out();
 
     const auth = { authorization: 'Bearer sk-bench-direct', 'content-type': 'application/json' };
@@ -142,68 +191,158 @@ async function main(): Promise<void> {
     const measure = async (side: Side, c: number, body: string, seconds: number, warmup: number, url = side.url): Promise<Measured> => {
       const load = { url, headers: side.headers, body, connections: c, timeoutS: 10 };
       if (warmup > 0) await runWrk({ ...load, durationS: warmup });
-      const postmaster = under!.postmaster;
-      const cpu0 = processCpuMs(side.pid);
+      const cpu0 = treeCpuMs(side.pid);
       const pg0 = serverCpuMs(postmaster);
       const t0 = performance.now();
+      const from = epochNow();
       const r = await runWrk({ ...load, durationS: seconds });
       const wall = performance.now() - t0;
-      return { ...r, cpu: (processCpuMs(side.pid) - cpu0) / wall, pgCpu: (serverCpuMs(postmaster) - pg0) / wall };
+      if (side.name === 'sarsen') traceWindows.push({ what: `c=${c}${url === side.url ? '' : ` ${new URL(url).pathname.split('/').pop()}`}`, from, to: epochNow() });
+      return { ...r, cpu: (treeCpuMs(side.pid) - cpu0) / wall, pgCpu: (serverCpuMs(postmaster) - pg0) / wall };
     };
 
     // Non-streaming, closed loop.
     const nonStream = new Map<number, Map<string, Measured>>();
-    for (const c of PHASES.has('nonstream') ? LEVELS : []) {
-      const row = new Map<string, Measured>();
-      for (const side of [direct, viaGateway, under.side]) {
-        progress(`non-streaming c=${c}: ${side.name}`);
-        row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
-      }
-      nonStream.set(c, row);
-    }
-
-    // Fire-and-forget acceptance, then the backlog drained.
     let acceptance: Report['acceptance'] = null;
-    if (PHASES.has('accept')) {
-      let gateway = nonStream.get(ACCEPT_C)?.get('gateway');
-      if (!gateway) {
-        progress(`non-streaming c=${ACCEPT_C}: gateway (the acceptance target's comparator)`);
-        gateway = await measure(viaGateway, ACCEPT_C, chatBody(false), SECONDS, WARMUP);
+    let cache: CacheLatency | null = null;
+    if (has('nonstream', 'accept', 'cache')) {
+      const s = await freshSarsen('the request/response phases', provider.url);
+      for (const c of PHASES.has('nonstream') ? LEVELS : []) {
+        const row = new Map<string, Measured>();
+        for (const side of [direct, viaGateway, s.side]) {
+          progress(`non-streaming c=${c}: ${side.name}`);
+          row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
+        }
+        nonStream.set(c, row);
       }
-      progress(`POST /requests at c=${ACCEPT_C}`);
-      const acceptStart = await dbNow(under.pool);
-      const accepted = await measure(under.side, ACCEPT_C, chatBody(false), SECONDS, 0, under.side.url.replace(/\/chat\/completions$/, '/requests'));
-      const drain = await drained(under.pool, acceptStart);
-      progress(`accepted ${fmt(accepted.rate, 0)}/s; backlog ${drain.backlog} drained in ${fmt(drain.ms / 1000, 1)} s`);
-      acceptance = { accepted, drain, gateway };
+
+      // Fire-and-forget acceptance, then the backlog drained.
+      if (PHASES.has('accept')) {
+        let gateway = nonStream.get(ACCEPT_C)?.get('gateway');
+        if (!gateway) {
+          progress(`non-streaming c=${ACCEPT_C}: gateway (the acceptance target's comparator)`);
+          gateway = await measure(viaGateway, ACCEPT_C, chatBody(false), SECONDS, WARMUP);
+        }
+        const accept = async (side: Side, what: string) => {
+          progress(`POST /requests at c=${ACCEPT_C}${what}`);
+          const acceptStart = await dbNow(s.pool);
+          const accepted = await measure(side, ACCEPT_C, chatBody(false), SECONDS, 0, side.url.replace(/\/chat\/completions$/, '/requests'));
+          const drain = await drained(s.pool, acceptStart);
+          progress(`accepted ${fmt(accepted.rate, 0)}/s; backlog ${drain.backlog} drained in ${fmt(drain.ms / 1000, 1)} s`);
+          return { accepted, drain };
+        };
+        const { accepted, drain } = await accept(s.side, '');
+        // Limits on, then off once more: the two runs without limits bracket the one with them.
+        const limitsOn = await accept(s.limited, ', a key with rate limits');
+        const limitsOff = await accept(s.side, ', no limits again');
+        acceptance = { accepted, drain, gateway, limitsOn: limitsOn.accepted, limitsOffAgain: limitsOff.accepted };
+      }
+
+      // The response cache: what a hit adds, against what a provider call adds.
+      if (PHASES.has('cache')) {
+        progress('response cache at c=1: provider calls and cache hits');
+        const from = epochNow();
+        cache = await cacheLatency(direct, s.cached, SECONDS);
+        traceWindows.push({ what: 'cache', from, to: epochNow() });
+      }
     }
 
     // Streams, through a fresh Sarsen process.
-    if (PHASES.has('streams') || PHASES.has('many')) {
-      await stopSarsen(under);
-      under = null;
-      progress('starting a fresh Sarsen for the streaming phases');
-      under = await startSarsen(provider.url);
-    }
     const streams = new Map<string, Measured>();
-    for (const side of PHASES.has('streams') ? [direct, viaGateway, under.side] : []) {
-      progress(`${STREAMS} concurrent streams: ${side.name}`);
-      streams.set(side.name, await measure(side, STREAMS, chatBody(true), STREAM_SECONDS, 2));
-    }
     const many = new Map<string, Burst>();
-    for (const side of PHASES.has('many') ? [direct, under.side] : []) {
-      progress(`${MANY} streams opened at once: ${side.name}`);
-      many.set(side.name, await burst(side, MANY));
+    if (has('streams', 'many')) {
+      const s = await freshSarsen('the streaming phases', provider.url);
+      for (const side of PHASES.has('streams') ? [direct, viaGateway, s.side] : []) {
+        progress(`${STREAMS} concurrent streams: ${side.name}`);
+        streams.set(side.name, await measure(side, STREAMS, chatBody(true), STREAM_SECONDS, 2));
+      }
+      for (const side of PHASES.has('many') ? [direct, s.side] : []) {
+        progress(`${MANY} streams opened at once: ${side.name}`);
+        many.set(side.name, await burst(side, MANY));
+      }
     }
 
-    report({ nonStream, acceptance, streams, many });
+    // Long streams, from a provider that records its writes, through a fresh Sarsen process.
+    const long: LongResult[] = [];
+    if (PHASES.has('longstreams')) {
+      longProvider = await startProvider(LONG.frames, LONG.frameMs, true);
+      const s = await freshSarsen('the long streams', longProvider.url);
+      const sides: LongSide[] = [
+        { ...direct, url: `${longProvider.url}/v1/chat/completions`, pid: longProvider.child.child.pid! },
+        { ...viaGateway, headers: { ...auth, ...gateway.headers(longProvider.url) } },
+        s.side,
+      ];
+      for (const side of sides) {
+        progress(`${LONG.streams} long streams: ${side.name}`);
+        if (side === s.side) traceWindows.push({ what: 'long streams', from: epochNow(), to: Infinity });
+        long.push(await runLongStreams(side, longProvider.url, LONG, { postmaster, ...(side === s.side ? { db: s.pool } : {}), progress }));
+      }
+    }
+
+    // One process against two, each fresh.
+    const processes = new Map<number, Measured>();
+    for (const n of PHASES.has('processes') ? [1, 2] : []) {
+      const s = await freshSarsen(`--processes ${n}`, provider.url, n);
+      progress(`non-streaming c=${PROCESSES_C}: Sarsen --processes ${n}`);
+      processes.set(n, await measure(s.side, PROCESSES_C, chatBody(false), SECONDS, WARMUP));
+    }
+
+    report({ nonStream, acceptance, cache, streams, many, long, processes });
+    if (TRACE_PREFIX) {
+      out();
+      out(traceReport(TRACE_PREFIX, traceWindows));
+    }
   } finally {
     progress('cleaning up');
     await stopSarsen(under);
     await gateway?.stop().catch(() => undefined);
     await provider?.child.kill('SIGTERM');
+    await longProvider?.child.kill('SIGTERM');
     await shutdownDatabases();
   }
+}
+
+type CacheLatency = { pairs: number; direct: ReturnType<typeof summarise>; call: ReturnType<typeof summarise>; hit: ReturnType<typeof summarise>; misses: number; overOneSecond: number };
+
+/** One POST on a kept-alive connection: its latency in ms and whether the cache answered it. */
+function timedPost(agent: http.Agent, url: string, headers: Record<string, string>, body: string): Promise<{ ms: number; cached: boolean; status: number }> {
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const req = http.request(url, { method: 'POST', agent, headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) } }, (res) => {
+      res.resume();
+      res.on('end', () => resolve({ ms: performance.now() - t0, cached: res.headers['x-sarsen-cached-from'] !== undefined, status: res.statusCode! }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+/**
+ * For `seconds`, one at a time: a distinct body directly at the provider, the same body through
+ * Sarsen with the cache on (a provider call), and once more (a cache hit). The hit's latency
+ * against the call's says what answering from storage costs.
+ */
+async function cacheLatency(direct: Side, cached: Side, seconds: number): Promise<CacheLatency> {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const lat = { direct: [] as number[], call: [] as number[], hit: [] as number[] };
+  let misses = 0;
+  try {
+    const until = performance.now() + seconds * 1000;
+    for (let i = 0; performance.now() < until; i++) {
+      const body = chatBody(false).replace('{n}', `cache-${crypto.randomBytes(4).toString('hex')}-${i}`);
+      lat.direct.push((await timedPost(agent, direct.url, direct.headers, body)).ms);
+      const call = await timedPost(agent, cached.url, cached.headers, body);
+      const hit = await timedPost(agent, cached.url, cached.headers, body);
+      if (call.status !== 200 || hit.status !== 200 || call.cached || !hit.cached) misses++;
+      lat.call.push(call.ms);
+      lat.hit.push(hit.ms);
+    }
+  } finally {
+    agent.destroy();
+  }
+  const overOneSecond = [...lat.call, ...lat.hit].filter((ms) => ms > 1000).length;
+  return { pairs: lat.hit.length, direct: summarise(lat.direct), call: summarise(lat.call), hit: summarise(lat.hit), misses, overOneSecond };
 }
 
 type Burst = { completed: number; failures: string; p50Ms: number; p99Ms: number; maxMs: number; wallMs: number; peakRssMb: number };
@@ -211,7 +350,7 @@ type Burst = { completed: number; failures: string; p50Ms: number; p99Ms: number
 /** `n` streams opened at the same moment, each once (not a closed loop): do they all complete, and in how long. */
 async function burst(side: Side, n: number): Promise<Burst> {
   const agent = createAgent();
-  const rss = sampleRss(side.pid, 50);
+  const rss = sampleTreeRss(side.pid, 50);
   const t0 = performance.now();
   try {
     const results = await Promise.all(
@@ -262,9 +401,15 @@ async function drained(pool: pg.Pool, since: Date): Promise<{ backlog: number; m
 
 type Report = {
   nonStream: Map<number, Map<string, Measured>>;
-  acceptance: { accepted: Measured; gateway: Measured; drain: { backlog: number; ms: number; executions: number; rate: number } } | null;
+  acceptance: {
+    accepted: Measured; gateway: Measured; drain: { backlog: number; ms: number; executions: number; rate: number };
+    limitsOn: Measured; limitsOffAgain: Measured;
+  } | null;
+  cache: CacheLatency | null;
   streams: Map<string, Measured>;
   many: Map<string, Burst>;
+  long: LongResult[];
+  processes: Map<number, Measured>;
 };
 
 function report(r: Report): void {
@@ -273,7 +418,11 @@ function report(r: Report): void {
   const via = (c: number) => r.nonStream.get(c)?.get('sarsen');
   const dir = (c: number) => r.nonStream.get(c)?.get('direct');
   const failed = (m: Measured | undefined) => (m ? m.non2xx + m.errors.connect + m.errors.read + m.errors.write + m.errors.timeout : NaN);
+  const slowest = (m: Measured) => `max ${fmt(m.maxMs, 0)} ms${m.errors.timeout > 0 ? ` (and ${m.errors.timeout} timeouts over 10 s)` : ''}, ${m.overOneSecond} over 1 s`;
   const targets: string[][] = [];
+  // Sarsen's non-stream runs, for "no request over 1 s".
+  const sarsenRuns: { what: string; maxMs: number; over: number }[] = [];
+  const noteRun = (what: string, m: Measured) => sarsenRuns.push({ what, maxMs: m.errors.timeout > 0 ? Infinity : m.maxMs, over: m.overOneSecond });
 
   if (PHASES.has('nonstream')) {
     out('Non-streaming, closed loop, provider answering at once (latency in ms; CPU in cores: the side\'s process / PostgreSQL)');
@@ -284,11 +433,12 @@ function report(r: Report): void {
         rows.push([
           String(c), name, fmt(m.rate, 0), name === 'direct' ? '' : fmt(m.rate / row.get('gateway')!.rate, 2),
           fmt(m.p50Ms, 2), fmt(m.p90Ms, 2), fmt(m.p99Ms, 2), name === 'direct' ? '' : fmt(m.p50Ms - direct.p50Ms, 2),
-          name === 'direct' ? '' : fmt(m.p99Ms - direct.p99Ms, 2), describeFailures(m), cores(m),
+          name === 'direct' ? '' : fmt(m.p99Ms - direct.p99Ms, 2), fmt(m.maxMs, 0), String(m.overOneSecond), describeFailures(m), cores(m),
         ]);
+        if (name === 'sarsen') noteRun(`c=${c}`, m);
       }
     }
-    out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'failures', 'CPU'], rows));
+    out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'max', '> 1 s', 'failures', 'CPU'], rows));
     out();
     const added = (c: number, p: 'p50Ms' | 'p99Ms') => {
       const m = via(c);
@@ -296,9 +446,10 @@ function report(r: Report): void {
       if (m.requests === 0) return Infinity; // nothing completed: MISSED, not a negative figure
       return m[p] - (dir(c)?.[p] ?? NaN);
     };
-    const ratio64 = (via(64)?.rate ?? NaN) / (gw(64)?.rate ?? NaN);
+    const ratio = (c: number) => (via(c)?.rate ?? NaN) / (gw(c)?.rate ?? NaN);
     targets.push(
-      ['non-stream req/s at c=64, × the gateway', '≥ 1.0', fmt(ratio64, 2), verdict(ratio64, 1, 'higher', '×')],
+      ['non-stream req/s at c=64, × the gateway', '≥ 2.0', fmt(ratio(64), 2), verdict(ratio(64), 2, 'higher', '×')],
+      ['non-stream req/s at c=16, × the gateway', '≥ 1.5', fmt(ratio(16), 2), verdict(ratio(16), 1.5, 'higher', '×')],
       ['added latency p50 at c=1', '≤ 2 ms', fmt(added(1, 'p50Ms'), 2), verdict(added(1, 'p50Ms'), 2, 'lower', 'ms')],
       ['added latency p50 at c=16', '≤ 10 ms', fmt(added(16, 'p50Ms'), 2), verdict(added(16, 'p50Ms'), 10, 'lower', 'ms')],
       ['added latency p99 at c=16', '≤ 40 ms', fmt(added(16, 'p99Ms'), 2), verdict(added(16, 'p99Ms'), 40, 'lower', 'ms')],
@@ -312,10 +463,36 @@ function report(r: Report): void {
       ? `  backlog when the window closed: ${drain.backlog}; drained ${fmt(drain.ms / 1000, 1)} s later; ${drain.executions} executions completed (${fmt(drain.rate, 0)}/s from window start to drain)`
       : `  backlog of ${-drain.backlog} NOT drained within ${DRAIN_LIMIT_MS / 1000} s`);
     out();
+    const { limitsOn, limitsOffAgain } = r.acceptance;
+    const off = (a.rate + limitsOffAgain.rate) / 2;
+    noteRun('POST /requests', a);
+    noteRun('POST /requests, rate limits on', limitsOn);
+    noteRun('POST /requests, again', limitsOffAgain);
+    out(`  slowest acceptances: ${slowest(a)}; with limits on ${slowest(limitsOn)}; again ${slowest(limitsOffAgain)}`);
+    out(`  with rate limits on (a key whose limits are checked, never reached): ${fmt(limitsOn.rate, 0)} accepted/s (p50 ${fmt(limitsOn.p50Ms, 2)} ms, p99 ${fmt(limitsOn.p99Ms, 2)} ms, failures: ${describeFailures(limitsOn)}, CPU ${cores(limitsOn)}); without, before and after: ${fmt(a.rate, 0)} and ${fmt(limitsOffAgain.rate, 0)} accepted/s`);
+    out();
     targets.push(
       [`POST /requests acceptance, × the gateway at c=${ACCEPT_C}`, '≥ 2.0', fmt(a.rate / gateway.rate, 2), verdict(a.rate / gateway.rate, 2, 'higher', '×')],
       ['  and its backlog drained', 'yes', drain.backlog >= 0 ? 'yes' : 'no', drain.backlog >= 0 ? 'met' : 'MISSED'],
+      [`  with rate limits on, × without (mean of the runs around it)`, '≥ 0.95', fmt(limitsOn.rate / off, 3), verdict(limitsOn.rate / off, 0.95, 'higher', '×')],
     );
+  }
+
+  if (r.cache) {
+    const c = r.cache;
+    out(`Response cache at c=1, ${c.pairs} distinct bodies each sent directly, then twice through Sarsen (latency in ms; added = through Sarsen − direct)`);
+    out(table(
+      ['answer', 'p50', 'p90', 'p99', 'added p50', 'added p99'],
+      [
+        ['direct at the provider', fmt(c.direct.p50, 2), fmt(c.direct.p90, 2), fmt(c.direct.p99, 2), '', ''],
+        ['Sarsen, provider call', fmt(c.call.p50, 2), fmt(c.call.p90, 2), fmt(c.call.p99, 2), fmt(c.call.p50 - c.direct.p50, 2), fmt(c.call.p99 - c.direct.p99, 2)],
+        ['Sarsen, cache hit', fmt(c.hit.p50, 2), fmt(c.hit.p90, 2), fmt(c.hit.p99, 2), fmt(c.hit.p50 - c.direct.p50, 2), fmt(c.hit.p99 - c.direct.p99, 2)],
+      ],
+    ));
+    out(`  a cache hit takes ${fmt(c.hit.p50, 2)} ms p50 against a provider call's ${fmt(c.call.p50, 2)} ms through Sarsen; pairs not answered as expected (call, then hit): ${c.misses}`);
+    out(`  slowest through Sarsen: max ${fmt(Math.max(c.call.max, c.hit.max), 0)} ms, ${c.overOneSecond} over 1 s`);
+    sarsenRuns.push({ what: 'cache', maxMs: Math.max(c.call.max, c.hit.max), over: c.overOneSecond });
+    out();
   }
 
   if (PHASES.has('streams')) {
@@ -333,7 +510,7 @@ function report(r: Report): void {
   }
 
   if (PHASES.has('many')) {
-    out(`${MANY} streams opened at once, each once (duration in ms; RSS of the side's process)`);
+    out(`${MANY} streams opened at once, each once (duration in ms; RSS of the side's processes)`);
     out(table(
       ['side', 'completed', 'p50', 'p99', 'max', 'all done after', 'failures', 'peak RSS MB'],
       [...r.many].map(([name, b]) => [name, `${b.completed}/${MANY}`, fmt(b.p50Ms, 0), fmt(b.p99Ms, 0), fmt(b.maxMs, 0), fmt(b.wallMs, 0), b.failures, fmt(b.peakRssMb, 0)]),
@@ -344,8 +521,38 @@ function report(r: Report): void {
       [`${MANY} streams at once: peak RSS`, '≤ 300 MB', fmt(manyVia.peakRssMb, 0), verdict(manyVia.peakRssMb, 300, 'lower', 'MB')],
     );
   }
+
+  if (PHASES.has('longstreams')) {
+    out();
+    const long = longStreamsReport(r.long, LONG);
+    out(long.text);
+    targets.push(...long.targets);
+  }
+
+  if (PHASES.has('processes')) {
+    out();
+    out(`Sarsen with --processes 1 and 2, non-streaming at c=${PROCESSES_C} (latency in ms; CPU in cores: Sarsen's processes / PostgreSQL)`);
+    out(table(
+      ['processes', 'req/s', 'p50', 'p90', 'p99', 'max', '> 1 s', 'failures', 'CPU'],
+      [...r.processes].map(([n, m]) => [String(n), fmt(m.rate, 0), fmt(m.p50Ms, 2), fmt(m.p90Ms, 2), fmt(m.p99Ms, 2), fmt(m.maxMs, 0), String(m.overOneSecond), describeFailures(m), cores(m)]),
+    ));
+    for (const [n, m] of r.processes) noteRun(`--processes ${n}`, m);
+    const ratio = (r.processes.get(2)?.rate ?? NaN) / (r.processes.get(1)?.rate ?? NaN);
+    targets.push([`--processes 2, × --processes 1 at c=${PROCESSES_C}`, '≥ 1.2', fmt(ratio, 2), verdict(ratio, 1.2, 'higher', '×')]);
+  }
+
+  if (sarsenRuns.length > 0) {
+    const over = sarsenRuns.reduce((sum, x) => sum + x.over, 0);
+    const worst = sarsenRuns.reduce((a, b) => (b.maxMs > a.maxMs ? b : a));
+    targets.push([
+      'non-stream requests through Sarsen over 1 s, every run',
+      '0',
+      `${over} (slowest ${Number.isFinite(worst.maxMs) ? `${fmt(worst.maxMs, 0)} ms` : 'over 10 s'}, ${worst.what})`,
+      over === 0 ? 'met' : 'MISSED',
+    ]);
+  }
   out();
-  out('Targets (issue 13, DESIGN.md section 6)');
+  out('Targets (docs/performance.md "Targets"; issue 30)');
   out(table(['measure', 'target', 'measured', 'verdict'], targets));
 }
 

@@ -1,5 +1,5 @@
-// Streaming through Sarsen versus straight at the provider, in the same run (DESIGN.md section
-// 6: added time to first byte p50 ≤ 3 ms; 1,000 concurrent live streams with peak RSS ≤ 300 MB).
+// Streaming through Sarsen versus straight at the provider, in the same run (docs/performance.md
+// "Targets": added time to first byte p50 ≤ 3 ms; 1,000 concurrent live streams with peak RSS ≤ 300 MB).
 // The provider streams `--frames` frames at a fixed pace and notes when it wrote each one, so a
 // frame's delay is its arrival at the caller minus its write, measured in one process.
 //
@@ -31,7 +31,7 @@ const { values: args } = parseArgs({
     frames: { type: 'string', default: '100' },
     pace: { type: 'string', default: '10' },
     // The concurrency levels' pace. Streams must outlast the ramp-up for a level to hold all
-    // its streams at once: Sarsen starts streams at a bounded rate (about 120/s here).
+    // its streams at once: Sarsen starts streams at a bounded rate (docs/performance.md).
     'level-pace': { type: 'string', default: '100' },
     'latency-streams': { type: 'string', default: '200' },
     'latency-concurrency': { type: 'string', default: '8' },

@@ -1,4 +1,4 @@
-// Non-streaming throughput and added latency (DESIGN.md section 6), measured as ratios against
+// Non-streaming throughput and added latency (docs/performance.md "Targets"), measured as ratios against
 // a direct call in the same run: closed-loop load at each concurrency, first straight at the
 // fake provider, then through a real Sarsen child process (every body distinct, so every
 // request is a durable execution), then fire-and-forget `POST /requests` acceptance.
@@ -22,7 +22,7 @@ import { summarise, fmt, table, verdict, type Summary } from './lib/stats.ts';
 import { cpuSnapshot, cpuShares, postmasterPid, type CpuShares } from './lib/cpu.ts';
 import { profileRun } from './lib/profile-run.ts';
 
-// DESIGN.md section 6's absolute targets; the throughput targets are ratios against a stateless
+// docs/performance.md's absolute targets; the throughput targets are ratios against a stateless
 // gateway, measured side by side by bench/compare.ts.
 const TARGETS = { addedP50C1: 2, addedP50C16: 10, addedP99C16: 40 };
 const HARD_LIMIT_MS = 15 * 60_000; // the whole run, whatever happens
@@ -129,7 +129,7 @@ function report(levelsDone: Level[], accept: { phase: Phase; backlog: number; dr
   add('added p50 at c=1', `≤ ${TARGETS.addedP50C1} ms`, c1 ? c1.via.latency.p50 - c1.direct.latency.p50 : NaN, 'ms', TARGETS.addedP50C1, 'lower');
   add('added p50 at c=16', `≤ ${TARGETS.addedP50C16} ms`, c16 ? c16.via.latency.p50 - c16.direct.latency.p50 : NaN, 'ms', TARGETS.addedP50C16, 'lower');
   add('added p99 at c=16', `≤ ${TARGETS.addedP99C16} ms`, c16 ? c16.via.latency.p99 - c16.direct.latency.p99 : NaN, 'ms', TARGETS.addedP99C16, 'lower');
-  out('DESIGN.md section 6 latency targets (throughput against a stateless gateway: npm run bench:compare)');
+  out('Latency targets (docs/performance.md) (throughput against a stateless gateway: npm run bench:compare)');
   out(table(['measure', 'target', 'measured', 'verdict'], rows));
   const bad = levelsDone.some((l) => l.direct.result.unexpected.size + l.via.result.unexpected.size > 0) || (accept?.phase.result.unexpected.size ?? 0) > 0;
   out(bad ? 'Some answers were not 200/202: see the non-2xx columns.' : 'Every answer was 200 (202 for POST /requests).');

@@ -1,4 +1,4 @@
-// The database every benchmark runs against must be durable (DESIGN.md section 6): fsync,
+// The database every benchmark runs against must be durable (docs/performance.md "How we measure"): fsync,
 // synchronous_commit and full_page_writes on, as a user would run Sarsen. The server is the
 // one CTX_DATABASE_* names, else the machine's PostgreSQL on 127.0.0.1:5432 when it answers,
 // else embedded PostgreSQL started with durable settings. The settings it runs with are

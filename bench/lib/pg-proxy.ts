@@ -20,11 +20,16 @@ export type RoundTrip = {
   status: string;
 };
 
+/** A NOTIFY delivered to one client connection: `pid` is the notifying server process. */
+export type Notification = { conn: number; pid: number; channel: string; payload: string };
+
 export type PgProxy = {
   port: number;
   host: string;
   /** Called for every completed round trip. */
   onRoundTrip(fn: (rt: RoundTrip) => void): void;
+  /** Called for every notification the server delivers to a client. */
+  onNotification(fn: (n: Notification) => void): void;
   close(): Promise<void>;
 };
 
@@ -73,6 +78,7 @@ function bindParams(body: Buffer): (string | null)[] {
 
 export async function startPgProxy(target: { host: string; port: number }): Promise<PgProxy> {
   const listeners: ((rt: RoundTrip) => void)[] = [];
+  const notified: ((n: Notification) => void)[] = [];
   const sockets = new Set<net.Socket>();
   let nextConn = 0;
 
@@ -108,6 +114,13 @@ export async function startPgProxy(target: { host: string; port: number }): Prom
       }
     };
     const fromServer = (type: number, body: Buffer) => {
+      if (type === 0x41 && notified.length > 0) {
+        // 'A' NotificationResponse: pid, channel, payload
+        const [channel, at] = cstring(body, 4);
+        const n = { conn, pid: body.readInt32BE(0), channel, payload: cstring(body, at)[0] };
+        for (const l of notified) l(n);
+        return;
+      }
       if (type !== 0x5a) return; // 'Z' ReadyForQuery
       const p = pending.shift();
       if (!p) return; // the one after authentication
@@ -163,6 +176,7 @@ export async function startPgProxy(target: { host: string; port: number }): Prom
     host: '127.0.0.1',
     port: (server.address() as AddressInfo).port,
     onRoundTrip: (fn) => void listeners.push(fn),
+    onNotification: (fn) => void notified.push(fn),
     close: async () => {
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));
       for (const s of sockets) s.destroy();

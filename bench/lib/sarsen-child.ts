@@ -18,9 +18,8 @@ let built: string | null = null;
  * Sarsen compiled (`tsc -p tsconfig.build.json`) into a temporary directory laid out as the
  * image lays out /app (the SQL and the console's pages beside the code, package.json, the
  * project's node_modules), once per benchmark process; answers its main script. Run from its
- * TypeScript sources, Node also loads its type stripper, which holds about 25 MB of RSS for
- * the life of the process (measured idle: 144 MB from the sources, 119 MB compiled), and the
- * image never runs that way.
+ * TypeScript sources, Node also holds its type stripper for the life of the process
+ * (docs/performance.md "Memory"), and the image never runs that way.
  */
 export function compiledMain(): string {
   if (built) return built;
@@ -41,11 +40,9 @@ export function spawnBenchSarsen(args: string[], env: NodeJS.ProcessEnv): Sarsen
 }
 
 /**
- * The runtime settings Sarsen runs with wherever it is started for real (npm start, the
- * image): fewer glibc malloc arenas, a V8 young generation of at most 16 MB a semi-space
- * (left alone, V8 sizes it for the machine's memory and lets a busy process's heap balloon),
- * and an old generation of at most 1 GB (see the README's Running). Benchmarks run Sarsen the
- * same way.
+ * The runtime settings bin/sarsen.js gives Sarsen wherever it is started for real (npm start,
+ * the image) on a machine without a memory limit (docs/operations.md "Runtime memory
+ * settings"). Benchmarks start main.js directly, so they set them here.
  */
 export const SARSEN_RUNTIME_ENV: Record<string, string> = { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --max-old-space-size=1024' };
 
@@ -64,6 +61,8 @@ export type BenchSarsenOptions = {
   env?: Record<string, string>;
   /** Where the child connects, when not the database server itself (a profiling proxy). */
   via?: { host: string; port: number };
+  /** `--processes`: more than one waits for every worker to be ready. */
+  processes?: number;
 };
 
 export async function killWithGrace(child: SarsenChild, graceMs: number): Promise<void> {
@@ -80,7 +79,8 @@ export async function startBenchSarsen(opts: BenchSarsenOptions = {}): Promise<B
   const db = await createTestDatabase(opts.settings);
   const secrets = makeSecretsDir(db.conn);
   const conn = opts.via ? { ...db.conn, host: opts.via.host, port: opts.via.port } : db.conn;
-  const child = spawnBenchSarsen(['--port', '0', '--host', '127.0.0.1', ...(opts.args ?? [])], sarsenEnv(conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env }));
+  const processes = opts.processes ?? 1;
+  const child = spawnBenchSarsen(['--port', '0', '--host', '127.0.0.1', '--processes', String(processes), ...(opts.args ?? [])], sarsenEnv(conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env }));
   let stopping: Promise<void> | null = null;
   const stop = (graceMs = 15_000) =>
     (stopping ??= (async () => {
@@ -92,7 +92,8 @@ export async function startBenchSarsen(opts: BenchSarsenOptions = {}): Promise<B
       }
     })());
   try {
-    const m = await child.waitFor(/"message":"sarsen listening"[^\n]*"url":"(http:\/\/[^"]+)"|"url":"(http:\/\/[^"]+)"[^\n]*"message":"sarsen listening"/, 60_000);
+    const ready = processes > 1 ? 'sarsen ready' : 'sarsen listening';
+    const m = await child.waitFor(new RegExp(`"message":"${ready}"[^\\n]*"url":"(http://[^"]+)"|"url":"(http://[^"]+)"[^\\n]*"message":"${ready}"`), 60_000);
     return { url: m[1] ?? m[2]!, db, child, stop };
   } catch (err) {
     await stop(2_000);

@@ -31,6 +31,8 @@ export type WrkResult = {
   p90Ms: number;
   p99Ms: number;
   maxMs: number;
+  /** Requests that took over a second (wrk's --timeout ones included). */
+  overOneSecond: number;
   /** Answers outside 2xx/3xx, and transport errors and timeouts. */
   non2xx: number;
   errors: { connect: number; read: number; write: number; timeout: number };
@@ -63,11 +65,22 @@ function request()
   counter = counter + 1
   return wrk.format(nil, nil, nil, ${luaString(prefix!)} .. tid .. "-" .. counter .. ${luaString(suffix)})
 end
+-- wrk's Lua sees its latency distribution only through percentiles: the share of requests
+-- over a second is the highest percentile at or under it, found by bisection.
+local function shareOver(latency, limit)
+  if latency.max <= limit then return 0 end
+  local lo, hi = 0, 100
+  for _ = 1, 60 do
+    local mid = (lo + hi) / 2
+    if latency:percentile(mid) <= limit then lo = mid else hi = mid end
+  end
+  return 1 - lo / 100
+end
 function done(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format('WRK_RESULT {"requests":%d,"duration_us":%d,"p50":%d,"p90":%d,"p99":%d,"max":%d,"status":%d,"connect":%d,"read":%d,"write":%d,"timeout":%d}\\n',
+  io.write(string.format('WRK_RESULT {"requests":%d,"duration_us":%d,"p50":%d,"p90":%d,"p99":%d,"max":%d,"over1s":%.6f,"status":%d,"connect":%d,"read":%d,"write":%d,"timeout":%d}\\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
-    e.status, e.connect, e.read, e.write, e.timeout))
+    shareOver(latency, 1000000), e.status, e.connect, e.read, e.write, e.timeout))
 end
 `;
 }
@@ -100,6 +113,8 @@ export async function runWrk(o: WrkOptions): Promise<WrkResult> {
       p90Ms: ms(r.p90!),
       p99Ms: ms(r.p99!),
       maxMs: ms(r.max!),
+      // Timed-out requests are not in the distribution; each counts once here.
+      overOneSecond: Math.round(r.over1s! * r.requests!) + r.timeout!,
       non2xx: r.status!,
       errors,
     };
