@@ -82,11 +82,13 @@ describe('request events between processes', function () {
     await onlooker.query(`LISTEN "${bChannel}"`);
     await provider.waitForRequests(1);
     provider.reset();
-    provider.enqueue({ kind: 'sse', frames: chatFrames(Array.from({ length: 8 }, (_, i) => `w${i}`)), frameDelayMs: 150 });
+    // One set of frames for the provider and the comparison: `created` is a time in seconds.
+    const frames = chatFrames(Array.from({ length: 8 }, (_, i) => `w${i}`));
+    provider.enqueue({ kind: 'sse', frames, frameDelayMs: 150 });
     const id = await submit(a, 'followed by b');
     heard.length = 0;
     await provider.waitForRequests(1);
-    const expected = chatFrames(Array.from({ length: 8 }, (_, i) => `w${i}`)).join('');
+    const expected = frames.join('');
     const live = replay(b, id);
     await until(async () => ((await readers(id)) === 1 ? true : undefined));
     const res = await live;
