@@ -2,7 +2,7 @@
 // in-process through the same function the command line uses.
 import http from 'node:http';
 import type { Express } from 'express';
-import type { AddressInfo } from 'node:net';
+import type { Socket } from 'node:net';
 import type { ServeOptions } from './config/config.ts';
 import type { Secrets } from './config/secrets.ts';
 import { createPool, processConnections, openConnections, type ConnectionConfig, type Pool } from './db/pool.ts';
@@ -13,6 +13,7 @@ import { createBus, type Bus } from './bus/bus.ts';
 import { createSettingsCache, type SettingsCache } from './config/settings.ts';
 import { createApp } from './http/app.ts';
 import { trackConnections } from './http/drain.ts';
+import { listen } from './http/listen.ts';
 import { answerClientErrors } from './http/client-error.ts';
 import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
@@ -30,10 +31,14 @@ export type SarsenOptions = Readonly<{
   conn: ConnectionConfig;
   serve: ServeOptions;
   secrets: Secrets;
+  /** A worker of `--processes`: it listens on nothing and is handed connections at this address. */
+  handedAt?: string;
 }>;
 
 export type Sarsen = {
-  url: string; // http://host:port of the bound listener
+  url: string; // http://host:port of the bound listener, or of the primary that hands connections over
+  /** Serves a connection accepted elsewhere (a worker of `--processes`). */
+  accept(socket: Socket): void;
   /** The express application (tests walk its router). */
   app: Express;
   pool: Pool;
@@ -119,19 +124,12 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
     const connections = trackConnections(server);
     answerClientErrors(server);
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      // A deep accept queue (the kernel caps it at somaxconn): a burst of callers opening
-      // streams at once must not wait out SYN retransmissions.
-      server.listen({ port: opts.serve.port, host: opts.serve.host, backlog: 4096 }, () => {
-        server.off('error', reject);
-        resolve();
-      });
-    });
-    const { port } = server.address() as AddressInfo;
-    const host = opts.serve.host.includes(':') ? `[${opts.serve.host}]` : opts.serve.host;
-    const url = `http://${host}:${port}`;
+    const url = opts.handedAt ?? (await listen(server, opts.serve.port, opts.serve.host));
     logger.info('sarsen listening', { url, role: opts.serve.role, process_id: processId });
+    const accept = (socket: Socket) => {
+      server.emit('connection', socket);
+      socket.resume();
+    };
 
     // Every other fault heals by waiting; a missing schema does not (a restart migrates it again).
     const failed = new Promise<string>((resolve) => {
@@ -155,10 +153,11 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
         await unwind();
         logger.info('sarsen stopped');
       })());
-    return { url, app, pool, bus, settings, stop, failed };
+    return { url, accept, app, pool, bus, settings, stop, failed };
   } catch (err) {
     await unwind();
     throw err;
   }
 }
+
 

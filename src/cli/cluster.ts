@@ -1,14 +1,11 @@
 // `sarsen serve --processes N`: N processes of the chosen role behind one port (node:cluster).
-// The primary migrates once, forks the workers, hands them the database and secrets over its
-// IPC channel, relays their log lines and serves nothing itself. It accepts every connection
-// and passes it to the next worker in turn: the callers that matter hold few, long-lived
-// connections (keep-alive clients, streams), so a balance decided once per connection must be
-// even; the kernel's choice between processes waiting on one socket is not, and SO_REUSEPORT's
-// hash is even only on average, drops what waits in a dying worker's queue, and cannot share a
-// port chosen with --port 0. A worker that dies is replaced after a backoff; its leases are
-// recovered by the others as after any crash (docs/durability.md "Recovery").
+// The primary migrates once, listens, forks the workers, hands them the database and secrets
+// over its IPC channel, relays their log lines and serves nothing itself: it passes each
+// connection to a worker (src/cli/hand-off.ts). A worker that dies is replaced after a backoff;
+// its leases are recovered by the others as after any crash (docs/durability.md "Recovery").
 import cluster, { type Worker } from 'node:cluster';
 import os from 'node:os';
+import type { Socket } from 'node:net';
 import type { Readable } from 'node:stream';
 import type { ServeOptions } from '../config/config.ts';
 import type { Secrets } from '../config/secrets.ts';
@@ -21,6 +18,7 @@ import { restartAfter } from '../core/restart-backoff.ts';
 import { memoryLimit, workerExecArgv } from '../core/runtime-flags.ts';
 import { bootstrapEmbedded, firstRunBanner } from './tenancy.ts';
 import { onStopSignals, runUntilStopped } from './serve.ts';
+import { startHandOff, type Connection, type Taken } from './hand-off.ts';
 
 /** --processes, else CTX_PROCESSES, else one per core (one on embedded PostgreSQL, a development database). */
 export function processCount(given: number | null, embedded: boolean): number {
@@ -29,14 +27,17 @@ export function processCount(given: number | null, embedded: boolean): number {
 
 type Setup = {
   type: 'sarsen:setup';
+  /** Where the primary listens. */
+  url: string;
   conn: ConnectionConfig;
   secrets: { credentialKey: string; apiKeyHashKey: string; databasePassword: string; metricsToken?: string };
   log: { format: LogFormat; colour: boolean };
 };
-type Ready = { type: 'sarsen:ready'; url: string };
+type Ready = { type: 'sarsen:ready' };
 
-const setupFor = (db: OpenDatabase): Setup => ({
+const setupFor = (db: OpenDatabase, url: string): Setup => ({
   type: 'sarsen:setup',
+  url,
   conn: db.conn,
   secrets: {
     credentialKey: db.secrets.credentialKey.toString('base64'),
@@ -79,11 +80,12 @@ export async function servePrimary(db: OpenDatabase, opts: ServeOptions, count: 
     const pool = createPool(db.conn, { max: 2, name: 'sarsen-primary' });
     await migrate(db.conn, pool).finally(() => pool.end());
   }
-  cluster.schedulingPolicy = cluster.SCHED_RR;
+  // A port that is taken fails here, before any worker starts.
+  const handOff = await startHandOff(opts.port, opts.host);
   // The workers share the container's memory: each gets its part of the heap the launcher chose.
   const limit = memoryLimit(process.constrainedMemory(), os.totalmem());
   cluster.setupPrimary({ silent: true, execArgv: workerExecArgv(process.execArgv, process.env.SARSEN_RUNTIME_FLAGS ?? '', limit, count) });
-  const setup = setupFor(db);
+  const setup = setupFor(db, handOff.url);
 
   const bornAt = new Map<Worker, number>();
   const timers = new Set<NodeJS.Timeout>();
@@ -91,13 +93,13 @@ export async function servePrimary(db: OpenDatabase, opts: ServeOptions, count: 
   let starting = true;
   let stopping = false;
   let code = 0;
-  let url = '';
   let resolveDone: () => void = () => {};
   const done = new Promise<void>((resolve) => (resolveDone = resolve));
   const live = () => Object.values(cluster.workers ?? {}).filter((w): w is Worker => w !== undefined && !w.isDead());
 
   const stopAll = (signal: NodeJS.Signals) => {
     stopping = true;
+    handOff.close();
     for (const t of timers) clearTimeout(t);
     timers.clear();
     for (const w of live()) w.process.kill(signal);
@@ -113,16 +115,18 @@ export async function servePrimary(db: OpenDatabase, opts: ServeOptions, count: 
   };
 
   let ready = 0;
-  cluster.on('message', (worker, message: Ready) => {
+  cluster.on('message', (worker, message: Ready | Taken) => {
+    if (message?.type === 'sarsen:taken') return handOff.taken(message);
     if (message?.type !== 'sarsen:ready') return;
-    url = message.url;
+    handOff.add(worker);
     if (!starting || ++ready < count) return;
     starting = false;
-    logger.info('sarsen ready', { url, processes: count });
+    logger.info('sarsen ready', { url: handOff.url, processes: count });
     // Printed, not logged: the password must not reach a log collector.
-    if (firstRun) writeStdout(firstRunBanner(firstRun, url) + '\n');
+    if (firstRun) writeStdout(firstRunBanner(firstRun, handOff.url) + '\n');
   });
   cluster.on('exit', (worker, exitCode, signal) => {
+    handOff.remove(worker);
     const lived = Date.now() - (bornAt.get(worker) ?? Date.now());
     bornAt.delete(worker);
     const exit = { worker_id: worker.id, pid: worker.process.pid, code: exitCode, signal };
@@ -183,8 +187,13 @@ export async function serveWorker(opts: ServeOptions): Promise<never> {
     });
     // Loaded here, not at the top: the primary never serves, and holds less without it.
     const { startSarsen } = await import('../server.ts');
-    const sarsen = await startSarsen({ conn: setup.conn, serve: opts, secrets });
-    process.send!({ type: 'sarsen:ready', url: sarsen.url } satisfies Ready);
+    const sarsen = await startSarsen({ conn: setup.conn, serve: opts, secrets, handedAt: setup.url });
+    process.on('message', (m: Connection, socket?: Socket) => {
+      if (m?.type !== 'sarsen:connection' || !socket) return;
+      sarsen.accept(socket);
+      process.send!({ type: 'sarsen:taken', id: m.id } satisfies Taken);
+    });
+    process.send!({ type: 'sarsen:ready' } satisfies Ready);
     code = await runUntilStopped(sarsen);
   } catch (err) {
     logger.error('sarsen failed', errorFields(err));

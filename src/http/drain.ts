@@ -1,6 +1,8 @@
 // Graceful stop for the HTTP listener: refuse new connections, close every connection that
 // has no request in flight (keep-alive ones, and ones that never sent a request, which
 // Node's own closeIdleConnections leaves open), let the rest finish, cut them at the grace.
+// It waits on the connections it saw, not on the listener: a worker of `--processes` has none
+// and is handed its connections (src/cli/hand-off.ts).
 import type http from 'node:http';
 import type { Socket } from 'node:net';
 
@@ -10,9 +12,13 @@ export function trackConnections(server: http.Server): { drain(graceMs: number):
   const closeIfIdle = (socket: Socket) => {
     if (draining && (inFlight.get(socket) ?? 0) === 0) socket.destroy();
   };
+  let emptied: (() => void) | null = null;
   server.on('connection', (socket: Socket) => {
     inFlight.set(socket, 0);
-    socket.once('close', () => inFlight.delete(socket));
+    socket.once('close', () => {
+      inFlight.delete(socket);
+      if (inFlight.size === 0) emptied?.();
+    });
     closeIfIdle(socket);
   });
   server.on('request', (req: http.IncomingMessage, res: http.ServerResponse) => {
@@ -28,7 +34,8 @@ export function trackConnections(server: http.Server): { drain(graceMs: number):
   return {
     async drain(graceMs) {
       draining = true;
-      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      if (server.listening) server.close();
+      const closed = new Promise<void>((resolve) => (inFlight.size === 0 ? resolve() : (emptied = resolve)));
       for (const socket of inFlight.keys()) closeIfIdle(socket);
       const timer = setTimeout(() => {
         for (const socket of inFlight.keys()) socket.destroy();
