@@ -237,38 +237,36 @@ describe('rate limits per key', function () {
     expect(created[1]!.minute.getTime()).to.be.greaterThan(created[0]!.minute.getTime());
   }
 
-  describe('the openai SDK', () => {
-    it('retries a 429 rate_limited after its Retry-After on its own, and the call succeeds once the window has passed', async () => {
-      const k = await limitedKey(server.url, t, { requests_per_minute: 1 });
-      // Start late in a minute, so the SDK's wait (to the next minute) is short.
+  describe('the vendor SDKs', () => {
+    it('the openai and anthropic SDKs each retry a 429 rate_limited after its Retry-After on their own, and the call succeeds once the window has passed', async () => {
+      const [ko, ka] = [await limitedKey(server.url, t, { requests_per_minute: 1 }), await limitedKey(server.url, t, { requests_per_minute: 1 })];
+      // Start late in a minute, so the SDKs' wait (to the next minute) is short; both in one minute.
       await lateInMinute(server.pool);
-      const seen: Seen[] = [];
-      const openai = new OpenAI({ baseURL: t.base, apiKey: k.key, maxRetries: 2, fetch: watchedFetch(seen) });
-      const first = await openai.chat.completions.create(chat('sdk one') as OpenAI.ChatCompletionCreateParamsNonStreaming);
-      expect(first.object).to.equal('chat.completion');
-      const second = await openai.chat.completions.create(chat('sdk two') as OpenAI.ChatCompletionCreateParamsNonStreaming);
-      expect(second.object).to.equal('chat.completion');
-      await expectRetriedInNextWindow(seen, k.id);
-      // One provider call per request: the refused try reached none.
-      expect(callsFor(provider, 'sdk one', 'sdk two')).to.have.length(2);
-    });
-  });
-
-  describe('the anthropic SDK', () => {
-    it('retries a 429 rate_limited after its Retry-After on its own, and the call succeeds once the window has passed', async () => {
-      const k = await limitedKey(server.url, t, { requests_per_minute: 1 });
-      await lateInMinute(server.pool);
-      const seen: Seen[] = [];
-      const anthropic = new Anthropic({ baseURL: t.root, apiKey: k.key, maxRetries: 2, fetch: watchedFetch(seen) });
-      const message = (content: string) => ({ model: 'claude-test', max_tokens: 16, messages: [{ role: 'user' as const, content }] });
-      const first = await anthropic.messages.create(message('anthropic sdk one'));
-      expect(first.type).to.equal('message');
-      const second = await anthropic.messages.create(message('anthropic sdk two'));
-      expect(second.type).to.equal('message');
-      await expectRetriedInNextWindow(seen, k.id);
-      expect(seen[1]!.code).to.equal('rate_limited');
-      const calls = callsFor(provider, 'anthropic sdk one', 'anthropic sdk two');
-      expect(calls.map((e) => e.path)).to.deep.equal(['/v1/messages', '/v1/messages']);
+      const viaOpenai = async () => {
+        const seen: Seen[] = [];
+        const openai = new OpenAI({ baseURL: t.base, apiKey: ko.key, maxRetries: 2, fetch: watchedFetch(seen) });
+        const first = await openai.chat.completions.create(chat('sdk one') as OpenAI.ChatCompletionCreateParamsNonStreaming);
+        expect(first.object).to.equal('chat.completion');
+        const second = await openai.chat.completions.create(chat('sdk two') as OpenAI.ChatCompletionCreateParamsNonStreaming);
+        expect(second.object).to.equal('chat.completion');
+        await expectRetriedInNextWindow(seen, ko.id);
+        // One provider call per request: the refused try reached none.
+        expect(callsFor(provider, 'sdk one', 'sdk two')).to.have.length(2);
+      };
+      const viaAnthropic = async () => {
+        const seen: Seen[] = [];
+        const anthropic = new Anthropic({ baseURL: t.root, apiKey: ka.key, maxRetries: 2, fetch: watchedFetch(seen) });
+        const message = (content: string) => ({ model: 'claude-test', max_tokens: 16, messages: [{ role: 'user' as const, content }] });
+        const first = await anthropic.messages.create(message('anthropic sdk one'));
+        expect(first.type).to.equal('message');
+        const second = await anthropic.messages.create(message('anthropic sdk two'));
+        expect(second.type).to.equal('message');
+        await expectRetriedInNextWindow(seen, ka.id);
+        expect(seen[1]!.code).to.equal('rate_limited');
+        const calls = callsFor(provider, 'anthropic sdk one', 'anthropic sdk two');
+        expect(calls.map((e) => e.path)).to.deep.equal(['/v1/messages', '/v1/messages']);
+      };
+      await Promise.all([viaOpenai(), viaAnthropic()]);
     });
   });
 });
