@@ -11,6 +11,7 @@ import { isId } from '../../core/ids.ts';
 import { parseInstant } from '../../core/listing-filter.ts';
 import { exportPage, payloads, answerSlice, frameRows, type ExportRow, type StoredPayload } from '../../db/export.ts';
 import { listingRow, type NamespaceScope } from './accounts.ts';
+import { drained } from './streams.ts';
 
 const PAGE = 200;
 // Records are read together while their payloads add up to this; a larger one is read alone, in pieces.
@@ -24,19 +25,6 @@ function param(req: Request, name: string): string | undefined {
   if (v === undefined) return undefined;
   if (typeof v !== 'string') throw new ServiceError('bad_request', `\`${name}\` must be given once.`);
   return v;
-}
-
-function drained(res: Response): Promise<void> {
-  return new Promise((resolve) => {
-    if (res.destroyed || res.closed) return resolve();
-    const done = () => {
-      res.off('drain', done);
-      res.off('close', done);
-      resolve();
-    };
-    res.on('drain', done);
-    res.on('close', done);
-  });
 }
 
 async function send(res: Response, chunk: string): Promise<void> {
