@@ -40,7 +40,7 @@ import { startGateway, type Gateway } from './lib/gateway.ts';
 import { startBenchSarsen, SARSEN_RUNTIME_ENV, type BenchSarsen } from './lib/sarsen-child.ts';
 import { provisionChat } from './lib/provision.ts';
 import { runWrk, wrkVersion, describeFailures, type WrkResult } from './lib/wrk.ts';
-import { postmasterPid, serverCpuMs } from './lib/cpu.ts';
+import { machineCpuMs, postmasterPid, serverCpuMs } from './lib/cpu.ts';
 import { treeCpuMs, sampleTreeRss } from './lib/process-tree.ts';
 import { createAgent, streamOnce } from './lib/stream-client.ts';
 import { runLongStreams, longStreamsReport, type LongResult, type LongShape, type LongSide } from './lib/long-streams.ts';
@@ -115,7 +115,11 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const TAG = crypto.randomBytes(4).toString('hex'); // bodies distinct across runs, too
 
 type Side = { name: 'direct' | 'gateway' | 'sarsen'; url: string; headers: Record<string, string>; pid: number };
-type Measured = WrkResult & { cpu: number; pgCpu: number };
+/**
+ * A wrk run with the CPU each part used over it, in cores: the side's processes, PostgreSQL, the
+ * fake provider, and the whole machine (busy, and stolen by the hypervisor).
+ */
+type Measured = WrkResult & { cpu: number; pgCpu: number; providerCpu: number; machineCpu: number; stealCpu: number };
 
 const chatBody = (stream: boolean) => `{"model":"gpt-bench",${stream ? '"stream":true,' : ''}"messages":[{"role":"user","content":"compare ${TAG} {n}"}]}`;
 
@@ -187,7 +191,8 @@ async function main(): Promise<void> {
     out();
 
     const auth = { authorization: 'Bearer sk-bench-direct', 'content-type': 'application/json' };
-    const direct: Side = { name: 'direct', url: `${provider.url}/v1/chat/completions`, headers: auth, pid: provider.child.child.pid! };
+    const providerPid = provider.child.child.pid!;
+    const direct: Side = { name: 'direct', url: `${provider.url}/v1/chat/completions`, headers: auth, pid: providerPid };
     const viaGateway: Side = { name: 'gateway', url: `${gateway.url}/v1/chat/completions`, headers: { ...auth, ...gateway.headers(provider.url) }, pid: gateway.pid };
 
     const measure = async (side: Side, c: number, body: string, seconds: number, warmup: number, url = side.url): Promise<Measured> => {
@@ -195,12 +200,19 @@ async function main(): Promise<void> {
       if (warmup > 0) await runWrk({ ...load, durationS: warmup });
       const cpu0 = treeCpuMs(side.pid);
       const pg0 = serverCpuMs(postmaster);
+      const provider0 = treeCpuMs(providerPid);
+      const machine0 = machineCpuMs();
       const t0 = performance.now();
       const from = epochNow();
       const r = await runWrk({ ...load, durationS: seconds });
       const wall = performance.now() - t0;
       if (side.name === 'sarsen') traceWindows.push({ what: `c=${c}${url === side.url ? '' : ` ${new URL(url).pathname.split('/').pop()}`}`, from, to: epochNow() });
-      return { ...r, cpu: (treeCpuMs(side.pid) - cpu0) / wall, pgCpu: (serverCpuMs(postmaster) - pg0) / wall };
+      const machine = machineCpuMs();
+      return {
+        ...r, cpu: (treeCpuMs(side.pid) - cpu0) / wall, pgCpu: (serverCpuMs(postmaster) - pg0) / wall,
+        providerCpu: (treeCpuMs(providerPid) - provider0) / wall,
+        machineCpu: (machine.busy - machine0.busy) / wall, stealCpu: (machine.steal - machine0.steal) / wall,
+      };
     };
 
     // Non-streaming, closed loop.
@@ -544,10 +556,13 @@ function report(r: Report): void {
 
   if (PHASES.has('processes')) {
     out();
-    out(`Sarsen with --processes 1 and 2, non-streaming at c=${PROCESSES_C} (latency in ms; CPU in cores: Sarsen's processes / PostgreSQL)`);
+    out(`Sarsen with --processes 1 and 2, non-streaming at c=${PROCESSES_C} (latency in ms; CPU in cores of the machine's ${os.cpus().length}: Sarsen's processes, PostgreSQL, the fake provider, the rest (wrk and whatever else runs), the machine's busy total, and the time the hypervisor gave to other guests)`);
     out(table(
-      ['processes', 'req/s', 'p50', 'p90', 'p99', 'max', '> 1 s', 'failures', 'CPU'],
-      [...r.processes].map(([n, m]) => [String(n), fmt(m.rate, 0), fmt(m.p50Ms, 2), fmt(m.p90Ms, 2), fmt(m.p99Ms, 2), fmt(m.maxMs, 0), String(m.overOneSecond), describeFailures(m), cores(m)]),
+      ['processes', 'req/s', 'p50', 'p99', 'max', 'failures', 'Sarsen', 'PostgreSQL', 'provider', 'rest', 'busy', 'stolen'],
+      [...r.processes].map(([n, m]) => [
+        String(n), fmt(m.rate, 0), fmt(m.p50Ms, 2), fmt(m.p99Ms, 2), fmt(m.maxMs, 0), describeFailures(m),
+        fmt(m.cpu, 2), fmt(m.pgCpu, 2), fmt(m.providerCpu, 2), fmt(m.machineCpu - m.cpu - m.pgCpu - m.providerCpu, 2), fmt(m.machineCpu, 2), fmt(m.stealCpu, 2),
+      ]),
     ));
     for (const [n, m] of r.processes) noteRun(`--processes ${n}`, m);
     const ratio = (r.processes.get(2)?.rate ?? NaN) / (r.processes.get(1)?.rate ?? NaN);

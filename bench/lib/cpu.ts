@@ -54,6 +54,22 @@ export function serverCpuMs(postmaster: number | null): number {
   return total;
 }
 
+/**
+ * The whole machine's CPU time so far, in ms summed over its cores (/proc/stat): `busy` (user,
+ * nice, system, interrupts) and `steal` (what the hypervisor gave other guests while this one
+ * wanted to run). NaN off Linux.
+ */
+export function machineCpuMs(): { busy: number; steal: number } {
+  try {
+    const f = fs.readFileSync('/proc/stat', 'utf8').split('\n', 1)[0]!.trim().split(/\s+/).slice(1).map(Number);
+    // user nice system idle iowait irq softirq steal
+    const [user, nice, system, , , irq, softirq, steal] = f as [number, number, number, number, number, number, number, number];
+    return { busy: ((user + nice + system + irq + softirq) * 1000) / TICKS_PER_SECOND, steal: (steal * 1000) / TICKS_PER_SECOND };
+  } catch {
+    return { busy: NaN, steal: NaN };
+  }
+}
+
 export type CpuSnapshot = { at: number; sarsen: number; postgres: number; bench: number };
 export type CpuShares = { sarsen: number; postgres: number; bench: number; idle: number };
 
