@@ -1,8 +1,10 @@
 // The response cache's pure parts (docs/api.md "Response cache"): the caller's X-Sarsen-Cache
 // header, how long an answer may be served for, the key an answer is stored under, and which
-// streamed answers may be served at all.
+// streamed answers may be served at all: not one the provider ended with its own failure, nor
+// one that stopped before its dialect's last event.
 import crypto from 'node:crypto';
 import { frameEvent } from './sse-framer.ts';
+import type { Dialect } from './dialects.ts';
 
 export const CACHE_HEADER = 'x-sarsen-cache';
 
@@ -73,4 +75,33 @@ export function isProviderFailureFrame(frame: Buffer): boolean {
   if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) return false;
   const o = parsed as Record<string, unknown>;
   return (typeof o.type === 'string' && FAILURE_EVENTS.has(o.type)) || Boolean(o.error);
+}
+
+// The event each dialect closes a whole stream with; a frame holding none of the marker bytes is
+// never decoded. `response.incomplete` ends a whole answer too, one cut short by its token limit.
+const STREAM_ENDS: Readonly<Record<Dialect, { markers: readonly Buffer[]; events: ReadonlySet<string> }>> = {
+  chat: { markers: [Buffer.from('[DONE]')], events: new Set() },
+  messages: { markers: [Buffer.from('message_stop')], events: new Set(['message_stop']) },
+  responses: { markers: [Buffer.from('response.completed'), Buffer.from('response.incomplete')], events: new Set(['response.completed', 'response.incomplete']) },
+};
+
+/**
+ * Whether a stream frame is its dialect's last event (docs/api.md "Response cache"): chat's
+ * `data: [DONE]`, messages' `message_stop`, or the Responses API's `response.completed` or
+ * `response.incomplete`, named as the event or as its data's `type`. A stream whose provider
+ * closed the connection before such a frame succeeded, but may be cut short, and is not served
+ * from the cache.
+ */
+export function isStreamEndFrame(dialect: Dialect, frame: Buffer): boolean {
+  const end = STREAM_ENDS[dialect];
+  if (!end.markers.some((m) => frame.includes(m))) return false;
+  const { event, data } = frameEvent(frame);
+  if (dialect === 'chat') return data.trim() === '[DONE]';
+  if (event !== undefined) return end.events.has(event);
+  try {
+    const parsed: unknown = JSON.parse(data);
+    return typeof parsed === 'object' && parsed !== null && end.events.has((parsed as { type?: unknown }).type as string);
+  } catch {
+    return false;
+  }
 }

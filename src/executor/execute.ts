@@ -10,7 +10,7 @@ import type { BackendForCall } from '../db/backends.ts';
 import { openBackendCredential } from '../control/backends.ts';
 import { open } from '../core/sealing.ts';
 import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
-import { isProviderFailureFrame } from '../core/response-cache.ts';
+import { isProviderFailureFrame, isStreamEndFrame } from '../core/response-cache.ts';
 import { createFramer } from '../core/sse-framer.ts';
 import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.ts';
 import { errorBody } from '../core/errors.ts';
@@ -38,7 +38,7 @@ export type StoredFrames = { bytes: number; lastSeq: number };
 
 /** How an attempt ended; settle.ts writes it (`end`: for the attempt log). */
 export type Outcome =
-  /** `cacheable`: not a stream the provider ended with its own failure event (docs/api.md "Response cache"). */
+  /** `cacheable`: not a stream the provider ended with its own failure event, nor one without its last event (docs/api.md "Response cache"). */
   | ({ kind: 'succeeded'; answer: Answer; tokens: Tokens; frames: StoredFrames | null; cacheable: boolean; end: AttemptEnd } & Traffic)
   /**
    * Terminal: a refusal the provider answered with, a transport failure past the last attempt,
@@ -215,6 +215,7 @@ async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Setting
   let received = 0;
   let storedBytes = 0; // of frames handed to the writer: all of them are committed before the outcome
   let providerFailed = false; // a frame was the provider's own failure event
+  let whole = false; // a frame was the dialect's last event
   // Reading never waits for a commit: bytes left in the body's buffer while a flush is in
   // flight are discarded when the connection then fails (a destroyed stream drops its buffer),
   // so frames the provider did send would be lost. A store failure stops reading at once.
@@ -227,6 +228,7 @@ async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Setting
     const rows = frames.map((frame) => {
       tokens.push(frame);
       if (!providerFailed) providerFailed = isProviderFailureFrame(frame);
+      if (!whole) whole = isStreamEndFrame(attempt.dialect, frame);
       storedBytes += frame.length;
       return { requestId: attempt.id, attempt: attempt.attempt, seq: ++seq, frame };
     });
@@ -263,7 +265,7 @@ async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Setting
   }
   const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType: header(res, 'content-type'), body: Buffer.alloc(0), errorStatus: null, retryAfter: null };
   return {
-    kind: 'succeeded', answer, tokens: tokens.result(), frames: { bytes: storedBytes, lastSeq: seq }, cacheable: !providerFailed,
+    kind: 'succeeded', answer, tokens: tokens.result(), frames: { bytes: storedBytes, lastSeq: seq }, cacheable: whole && !providerFailed,
     end: ended(res.status), ...traffic(sent, received),
   };
 }

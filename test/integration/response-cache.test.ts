@@ -7,7 +7,7 @@ import crypto from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startTestServer, type TestServer } from '../support/server.ts';
 import OpenAI from 'openai';
-import { startFakeProvider, chatFrames, responsesFrames, type FakeProvider } from '../support/fake-provider.ts';
+import { startFakeProvider, chatFrames, messagesFrames, responsesFrames, type FakeProvider } from '../support/fake-provider.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until, socketRequest, requestHead, type RawResponse } from '../support/http.ts';
 import { call } from '../support/control-plane.ts';
@@ -221,6 +221,37 @@ describe('response cache', function () {
     expect(third.headers['x-sarsen-cached-from']).to.equal(renewed.request_id);
     expect(third.body.equals(second.body)).to.equal(true);
     expect(provider.journal.filter((e) => e.json?.messages?.[0]?.content === 'stream that errs')).to.have.length(2);
+  });
+
+  it('never serves a stream cut short without its last event (chat [DONE], message_stop), though the provider closed it cleanly', async () => {
+    const cases = [
+      { path: '/chat/completions', body: chat('stream cut short', { stream: true }), whole: chatFrames(['cut ', 'short']), content: 'stream cut short' },
+      {
+        path: '/messages',
+        body: { model: 'claude-test', max_tokens: 16, messages: [{ role: 'user', content: 'messages cut short' }], stream: true },
+        whole: messagesFrames(['cut ', 'short']),
+        content: 'messages cut short',
+      },
+    ];
+    for (const c of cases) {
+      const cut = c.whole.filter((f) => !f.includes('[DONE]') && !f.includes('message_stop'));
+      expect(cut.length, c.path).to.be.below(c.whole.length);
+      provider.enqueue({ kind: 'sse', frames: cut });
+      const first = await post(c.body, { path: c.path });
+      expect(first.body.toString('latin1'), c.path).to.equal(cut.join(''));
+      expect(await newest(), c.path).to.include({ status: 'succeeded', cached_from: null });
+      // Not served: the provider is called again, and its whole answer is served from then on.
+      provider.enqueue({ kind: 'sse', frames: c.whole });
+      const second = await post(c.body, { path: c.path });
+      expect(second.headers['x-sarsen-cached-from'], c.path).to.equal(undefined);
+      expect(second.body.toString('latin1'), c.path).to.equal(c.whole.join(''));
+      const renewed = await newest();
+      const third = await post(c.body, { path: c.path });
+      expect(third.headers['x-sarsen-cached-from'], c.path).to.equal(renewed.request_id);
+      expect(third.body.equals(second.body), c.path).to.equal(true);
+      const calls = provider.journal.filter((e) => e.json?.messages?.[0]?.content === c.content);
+      expect(calls, c.path).to.have.length(2);
+    }
   });
 
   it('never serves a Responses stream that ended with response.failed; one cut short by response.incomplete is an answer, and is served', async () => {

@@ -1,5 +1,6 @@
 import { expect } from 'chai';
-import { parseCacheHeader, cachePolicy, cacheKey, isProviderFailureFrame } from '../../src/core/response-cache.ts';
+import { parseCacheHeader, cachePolicy, cacheKey, isProviderFailureFrame, isStreamEndFrame } from '../../src/core/response-cache.ts';
+import type { Dialect } from '../../src/core/dialects.ts';
 import { createFramer } from '../../src/core/sse-framer.ts';
 import { chatFrames, messagesFrames, responsesFrames } from '../support/fake-provider.ts';
 
@@ -8,6 +9,8 @@ const framed = (frames: string[]): Buffer[] => {
   const framer = createFramer();
   return [...framer.push(Buffer.from(frames.join(''))), ...framer.end()];
 };
+/** The frames of a stream that are its dialect's last event. */
+const ends = (dialect: Dialect, frames: string[]) => framed(frames).filter((f) => isStreamEndFrame(dialect, f)).map((f) => f.toString('utf8'));
 const failures = (frames: string[]) => framed(frames).filter(isProviderFailureFrame).map((f) => f.toString('utf8'));
 
 describe('response cache: header, policy, key and servable streams', () => {
@@ -67,5 +70,28 @@ describe('response cache: header, policy, key and servable streams', () => {
     expect(failures([...chatFrames(['half']).slice(0, 2), chatError, 'data: [DONE]\n\n'])).to.deep.equal([chatError]);
     // An error member that says nothing, and text that merely names one, are not failures.
     expect(failures(['data: {"error":null,"x":"failed"}\n\n', 'data: error failed\n\n', ': error\n\n'])).to.deep.equal([]);
+  });
+
+  it('finds the last event of each dialect, whatever the line endings, and nowhere else', () => {
+    for (const lineEnding of ['\n', '\r\n', '\r'] as const) {
+      const chat = chatFrames(['a [DONE] b'], { lineEnding });
+      expect(ends('chat', chat), lineEnding).to.deep.equal([chat.at(-1)]);
+      const messages = messagesFrames(['message_stop'], { lineEnding });
+      expect(ends('messages', messages), lineEnding).to.deep.equal([messages.find((f) => f.startsWith('event: message_stop'))]);
+      for (const end of ['completed', 'incomplete'] as const) {
+        const responses = responsesFrames(['response.completed'], { end, lineEnding });
+        expect(ends('responses', responses), `${end} ${lineEnding}`).to.deep.equal([responses.at(-1)]);
+      }
+    }
+    // Cut short: no last event. A failed response is no whole answer either.
+    expect(ends('chat', chatFrames(['half']).slice(0, -1))).to.deep.equal([]);
+    expect(ends('messages', messagesFrames(['half']).filter((f) => !f.includes('message_stop')))).to.deep.equal([]);
+    expect(ends('responses', responsesFrames(['half'], { end: 'failed' }))).to.deep.equal([]);
+    // Named only in its data's type, as a provider that sends no event lines would.
+    expect(ends('messages', ['data: {"type":"message_stop"}\n\n'])).to.have.length(1);
+    expect(ends('responses', ['data: {"type":"response.completed","response":{}}\n\n'])).to.have.length(1);
+    // Another dialect's end, a comment or a text naming it are not this dialect's end.
+    expect(ends('chat', ['event: message_stop\ndata: {"type":"message_stop"}\n\n', ': [DONE]\n\n', 'data: "[DONE]"\n\n'])).to.deep.equal([]);
+    expect(ends('messages', ['data: [DONE]\n\n', 'data: {"type":"content_block_delta","delta":{"text":"message_stop"}}\n\n'])).to.deep.equal([]);
   });
 });
