@@ -6,9 +6,9 @@
 //
 //   nonstream     closed loop at --concurrency (default 1,16,64) on each side, with each side's
 //                 slowest request and how many took over a second
-//   accept        POST /requests at c=64, then the backlog it accepted drained to terminal states;
-//                 then twice more each with a key that has rate limits (set too high to refuse)
-//                 and without, in turn: what the limit check costs, measured in one run
+//   accept        POST /requests at c=64 (after a warm-up of its own), then the backlog it accepted
+//                 drained to terminal states; then twice more each with a key that has rate limits
+//                 (set too high to refuse) and without, in turn: what the limit check costs
 //   cache         c=1 pairs through a namespace with the response cache: a distinct body (a
 //                 provider call), then the same body again (answered from the cache)
 //   streams       --concurrent-streams (default 256) concurrent streams of 50 frames 20 ms apart
