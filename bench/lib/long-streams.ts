@@ -5,11 +5,12 @@
 // each frame, on the epoch clock this process shares, so a frame's delay is measured exactly;
 // every byte a caller receives is compared with what the provider wrote.
 import http from 'node:http';
+import os from 'node:os';
 import crypto from 'node:crypto';
 import type pg from 'pg';
 import { frameText } from './stream-provider.ts';
 import { treeCpuMs, sampleTreeRss } from './process-tree.ts';
-import { serverCpuMs } from './cpu.ts';
+import { machineCpuMs, serverCpuMs } from './cpu.ts';
 import { summarise, fmt, table, verdict, type Summary } from './stats.ts';
 import { assertLoopback } from './load.ts';
 
@@ -39,6 +40,9 @@ export type LongResult = {
   frames: number;
   cpuMs: number;
   pgCpuMs: number;
+  /** Mean cores busy over the phase: the whole machine's, and this process's (the callers'). */
+  machineCores: number;
+  callerCores: number;
   peakRssMb: number;
   writes: DbWrites | null;
 };
@@ -162,6 +166,9 @@ export async function runLongStreams(
   const writesBefore = opts.db ? await settledDbWrites(opts.db) : null;
   const cpu0 = treeCpuMs(side.pid);
   const pg0 = serverCpuMs(opts.postmaster);
+  const machine0 = machineCpuMs().busy;
+  const callers0 = process.cpuUsage();
+  const wall0 = performance.now();
   const rss = sampleTreeRss(side.pid);
   let results: OneStream[];
   try {
@@ -184,6 +191,10 @@ export async function runLongStreams(
   }
   const cpuMs = treeCpuMs(side.pid) - cpu0;
   const pgCpuMs = serverCpuMs(opts.postmaster) - pg0;
+  const wall = performance.now() - wall0;
+  const machineCores = (machineCpuMs().busy - machine0) / wall;
+  const callers = process.cpuUsage(callers0);
+  const callerCores = (callers.user + callers.system) / 1000 / wall;
   const peakRssMb = rss.stop();
   const writes = opts.db && writesBefore ? minus(await settledDbWrites(opts.db), writesBefore) : null;
   const times = await providerTimes(providerUrl);
@@ -221,6 +232,8 @@ export async function runLongStreams(
     frames: results.reduce((sum, r) => sum + r.received, 0),
     cpuMs,
     pgCpuMs,
+    machineCores,
+    callerCores,
     peakRssMb,
     writes,
   };
@@ -249,14 +262,14 @@ export function longStreamsReport(results: LongResult[], shape: LongShape): { te
     ),
     `the provider's own duration (first to last write) p50 / p99: ${results.map((r) => `${r.name} ${fmt(r.providerDuration.p50, 0)} / ${fmt(r.providerDuration.p99, 0)}`).join(', ')}`,
     '',
-    'What it cost: CPU seconds per 100,000 frames delivered (the side\'s processes, for direct the provider\'s; the whole PostgreSQL server), peak RSS of the side\'s processes, and what Sarsen wrote to its database per frame',
+    `What it cost: CPU seconds per 100,000 frames delivered (the side's processes, for direct the provider's; the whole PostgreSQL server), peak RSS of the side's processes, the cores of the machine's ${os.cpus().length} busy over the phase (all of it; the callers', this process), and what Sarsen wrote to its database per frame`,
     table(
-      ['side', 'frames', 'CPU s/100k', 'PostgreSQL s/100k', '× gateway (side)', '× gateway (side + PostgreSQL)', 'peak RSS MB'],
+      ['side', 'frames', 'CPU s/100k', 'PostgreSQL s/100k', '× gateway (side)', '× gateway (side + PostgreSQL)', 'peak RSS MB', 'machine busy', 'callers'],
       results.map((r) => [
         r.name, String(r.frames), fmt(per100k(r.cpuMs, r.frames), 2), fmt(per100k(r.pgCpuMs, r.frames), 2),
         r === direct ? '' : fmt(per100k(r.cpuMs, r.frames) / per100k(gateway?.cpuMs ?? NaN, gateway?.frames ?? NaN), 2),
         r === direct ? '' : fmt(per100k(r.cpuMs + r.pgCpuMs, r.frames) / per100k((gateway?.cpuMs ?? NaN) + (gateway?.pgCpuMs ?? NaN), gateway?.frames ?? NaN), 2),
-        fmt(r.peakRssMb, 0),
+        fmt(r.peakRssMb, 0), fmt(r.machineCores, 2), fmt(r.callerCores, 2),
       ]),
     ),
   ];
