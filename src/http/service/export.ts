@@ -11,7 +11,7 @@ import { isId } from '../../core/ids.ts';
 import { parseInstant } from '../../core/listing-filter.ts';
 import { exportPage, payloads, answerSlice, frameRows, type ExportRow, type StoredPayload } from '../../db/export.ts';
 import { listingRow, type NamespaceScope } from './accounts.ts';
-import { drained } from './streams.ts';
+import { send } from './streams.ts';
 
 const PAGE = 200;
 // Records are read together while their payloads add up to this; a larger one is read alone, in pieces.
@@ -25,10 +25,6 @@ function param(req: Request, name: string): string | undefined {
   if (v === undefined) return undefined;
   if (typeof v !== 'string') throw new ServiceError('bad_request', `\`${name}\` must be given once.`);
   return v;
-}
-
-async function send(res: Response, chunk: string): Promise<void> {
-  if (!res.write(chunk)) await drained(res);
 }
 
 /** Base64 of bytes handed over in pieces: a piece's last bytes short of three wait for the next. */

@@ -85,7 +85,8 @@ export function drained(res: Response): Promise<void> {
   });
 }
 
-async function send(res: Response, chunk: string | Buffer): Promise<void> {
+/** Writes a chunk; resolves at once, or once the buffer drained if it filled. */
+export async function send(res: Response, chunk: string | Buffer): Promise<void> {
   if (!res.write(chunk)) await drained(res);
 }
 
