@@ -1,0 +1,131 @@
+// What one group-commit flush costs by the size of its batch (docs/performance.md "What a flush
+// costs"): the submission statement and the terminal write, each committed on its own, through
+// the statements Sarsen runs (src/db/submissions.ts, src/db/attempts.ts) on one batch connection
+// of a fresh database, nothing else running. For each batch size it prints the time of a flush
+// as the writer waits for it, its share per item, and the CPU the database backend spent per
+// item on both; then a line fitted through the sizes: what a flush costs whatever its size, and
+// what each item adds. The fixed part is what a request pays alone at low concurrency, and twice.
+//
+// Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3]
+import { parseArgs } from 'node:util';
+import { benchDatabase } from './lib/database.ts';
+import { processCpuMs } from './lib/cpu.ts';
+import { fmt, table } from './lib/stats.ts';
+import { createTestDatabase, shutdownDatabases } from '../test/support/db.ts';
+import { createBatchPool, type Pool } from '../src/db/pool.ts';
+import { ENSURE_TASK_SQL } from '../src/db/jobs.ts';
+import { submitBatch, isRefused, type NewRequest, type Submitted } from '../src/db/submissions.ts';
+import { settleBatch, type Terminal } from '../src/db/attempts.ts';
+import { newId } from '../src/core/ids.ts';
+
+const { values: args } = parseArgs({
+  options: {
+    sizes: { type: 'string', default: '1,4,16,64' },
+    // Items per size and repeat: small batches take more rounds.
+    items: { type: 'string', default: '1600' },
+    repeat: { type: 'string', default: '3' },
+    'allow-non-durable': { type: 'boolean', default: false },
+  },
+});
+const SIZES = args.sizes.split(',').map(Number);
+const ITEMS = Number(args.items);
+const REPEAT = Number(args.repeat);
+const out = (line = '') => process.stdout.write(line + '\n');
+
+const SETTINGS = { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 };
+const ANSWER = Buffer.from(JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'y'.repeat(300) } }], usage: { prompt_tokens: 50, completion_tokens: 70, total_tokens: 120 } }));
+
+/** A distinct non-streaming chat submission of about 300 bytes, claimed by this process (as a process of role both claims what it accepts). */
+const submission = (): NewRequest => {
+  const body = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: `${'x'.repeat(240)} ${newId('req')}` }] });
+  return {
+    id: newId('req'), tenancyId: 'ten_flush', namespaceId: 'ns_flush', apiKeyId: 'key_flush', backendId: 'bk_flush', fallbackBackendIds: [],
+    dialect: 'chat', streaming: false, model: 'm', upstreamModel: 'm', forwardedHeaders: [], hops: 0, body,
+    identity: Buffer.from(newId('req')), sealedCredential: null, owner: 'wrk_flush', precounted: false, limits: null, cache: null,
+  };
+};
+
+const success = (s: Submitted): Terminal => ({
+  id: s.requestId, attempt: 1, jobId: s.jobId,
+  answer: { status: 'succeeded', httpStatus: 200, contentType: 'application/json', body: ANSWER, errorStatus: null, retryAfter: null },
+  tokens: { prompt: 50, completion: 70, total: 120 }, frames: null, reached: true, sentBytes: 300, receivedBytes: ANSWER.length,
+  cancelled: false, end: { status: 200, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,
+});
+
+type Sample = { size: number; submitMs: number; settleMs: number; backendUs: number };
+
+/** `rounds` flushes of `size` submissions, each followed by the terminal write of the same batch. */
+async function measure(pool: Pool, backend: number, size: number, rounds: number): Promise<Sample> {
+  let submitNs = 0n;
+  let settleNs = 0n;
+  const cpu0 = processCpuMs(backend);
+  for (let i = 0; i < rounds; i++) {
+    const batch = Array.from({ length: size }, submission);
+    const t0 = process.hrtime.bigint();
+    const accepted = await submitBatch(pool, batch, SETTINGS, 0);
+    const t1 = process.hrtime.bigint();
+    const terminals = accepted.map((a) => {
+      if (a === null || isRefused(a)) throw new Error('a distinct submission was not accepted');
+      return success(a);
+    });
+    await settleBatch(pool, terminals, { metering: false, origin: 'wrk_flush', counterShard: 0 });
+    settleNs += process.hrtime.bigint() - t1;
+    submitNs += t1 - t0;
+  }
+  const items = size * rounds;
+  return { size, submitMs: Number(submitNs) / 1e6 / rounds, settleMs: Number(settleNs) / 1e6 / rounds, backendUs: ((processCpuMs(backend) - cpu0) * 1000) / items };
+}
+
+/** Least squares through (size, ms): the intercept (a flush of nothing) and the slope (an item). */
+function fit(points: readonly (readonly [number, number])[]): { fixed: number; perItem: number } {
+  const n = points.length;
+  const mx = points.reduce((s, [x]) => s + x, 0) / n;
+  const my = points.reduce((s, [, y]) => s + y, 0) / n;
+  const sxy = points.reduce((s, [x, y]) => s + (x - mx) * (y - my), 0);
+  const sxx = points.reduce((s, [x]) => s + (x - mx) ** 2, 0);
+  const perItem = sxx === 0 ? 0 : sxy / sxx;
+  return { fixed: my - perItem * mx, perItem };
+}
+
+async function main(): Promise<void> {
+  const server = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
+  out(`Sarsen flush benchmark — ${new Date().toISOString()}`);
+  out(`database: ${server.describe}`);
+  const db = await createTestDatabase();
+  // One connection, as one writer lane has: every statement is prepared (and planned) on it once.
+  const pool = createBatchPool(db.conn, 'sarsen-flush-bench', 1);
+  try {
+    await pool.query(ENSURE_TASK_SQL);
+    const backend = (await pool.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+    await measure(pool, backend, 4, 200);
+    const samples: Sample[] = [];
+    // Sizes in turn, repeated, so that the machine's drift weighs on every size alike.
+    for (let r = 0; r < REPEAT; r++) {
+      for (const size of SIZES) samples.push(await measure(pool, backend, size, Math.max(10, Math.round(ITEMS / size))));
+    }
+    const median = (xs: number[]) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+    const bySize = SIZES.map((size) => {
+      const of = samples.filter((s) => s.size === size);
+      return { size, submitMs: median(of.map((s) => s.submitMs)), settleMs: median(of.map((s) => s.settleMs)), backendUs: median(of.map((s) => s.backendUs)) };
+    });
+    out(`\nOne flush of each statement, as its writer waits for it (medians of ${REPEAT} runs; CPU of the database backend, both statements, per item${Number.isNaN(bySize[0]!.backendUs) ? ': not readable, the server is not on this machine' : ''})`);
+    out(table(['batch', 'submission ms', '… per item µs', 'terminal ms', '… per item µs', 'backend CPU µs per item'], bySize.map((b) => [
+      String(b.size), fmt(b.submitMs, 3), fmt((b.submitMs * 1000) / b.size, 0), fmt(b.settleMs, 3), fmt((b.settleMs * 1000) / b.size, 0), fmt(b.backendUs, 0),
+    ])));
+    const submit = fit(bySize.map((b) => [b.size, b.submitMs]));
+    const settle = fit(bySize.map((b) => [b.size, b.settleMs]));
+    const cpu = fit(bySize.map((b) => [b.size, (b.backendUs * b.size) / 1000]));
+    out(`\nFitted: a submission flush ${fmt(submit.fixed, 3)} ms + ${fmt(submit.perItem * 1000, 0)} µs per item; a terminal flush ${fmt(settle.fixed, 3)} ms + ${fmt(settle.perItem * 1000, 0)} µs per item;`);
+    out(`the backend's CPU for both, ${fmt(cpu.fixed, 3)} ms + ${fmt(cpu.perItem * 1000, 0)} µs per item.`);
+  } finally {
+    await pool.end();
+    await db.drop();
+  }
+}
+
+main()
+  .catch((err: unknown) => {
+    process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exitCode = 1;
+  })
+  .finally(() => shutdownDatabases());
