@@ -6,7 +6,10 @@
 // item on both; then a line fitted through the sizes: what a flush costs whatever its size, and
 // what each item adds. The fixed part is what a request pays alone at low concurrency, and twice.
 //
-// Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3]
+// `--limited` gives every submission a key with rate limits that are checked but never reached,
+// so the statement carries the limit check (src/db/rate-limits.ts).
+//
+// Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3] [--limited]
 import { parseArgs } from 'node:util';
 import { benchDatabase } from './lib/database.ts';
 import { processCpuMs } from './lib/cpu.ts';
@@ -24,12 +27,14 @@ const { values: args } = parseArgs({
     // Items per size and repeat: small batches take more rounds.
     items: { type: 'string', default: '1600' },
     repeat: { type: 'string', default: '3' },
+    limited: { type: 'boolean', default: false },
     'allow-non-durable': { type: 'boolean', default: false },
   },
 });
 const SIZES = args.sizes.split(',').map(Number);
 const ITEMS = Number(args.items);
 const REPEAT = Number(args.repeat);
+const LIMITS = args.limited ? { requestsPerMinute: 1_000_000_000, tokensPerMinute: null } : null;
 const out = (line = '') => process.stdout.write(line + '\n');
 
 const SETTINGS = { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 };
@@ -41,7 +46,7 @@ const submission = (): NewRequest => {
   return {
     id: newId('req'), tenancyId: 'ten_flush', namespaceId: 'ns_flush', apiKeyId: 'key_flush', backendId: 'bk_flush', fallbackBackendIds: [],
     dialect: 'chat', streaming: false, model: 'm', upstreamModel: 'm', forwardedHeaders: [], hops: 0, body,
-    identity: Buffer.from(newId('req')), sealedCredential: null, owner: 'wrk_flush', precounted: false, limits: null, cache: null,
+    identity: Buffer.from(newId('req')), sealedCredential: null, owner: 'wrk_flush', precounted: false, limits: LIMITS, cache: null,
   };
 };
 
@@ -91,6 +96,7 @@ async function main(): Promise<void> {
   const server = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
   out(`Sarsen flush benchmark — ${new Date().toISOString()}`);
   out(`database: ${server.describe}`);
+  out(`submissions: ${LIMITS ? 'each under a key with rate limits, checked and never reached' : 'under a key without rate limits'}`);
   const db = await createTestDatabase();
   // One connection, as one writer lane has: every statement is prepared (and planned) on it once.
   const pool = createBatchPool(db.conn, 'sarsen-flush-bench', 1);
