@@ -56,6 +56,11 @@ describe('database outages under load', function () {
     t = await provision(d.asServer(processes[0]!), provider);
     answers = recordingProvider(provider, (marker) => holds.get(marker.replace(/-\d+$/, '')));
   });
+  // A failure shows what the processes logged: a stall after an outage is theirs to explain.
+  afterEach(function () {
+    if (this.currentTest?.state !== 'failed') return;
+    for (const p of processes ?? []) process.stderr.write(`--- ${p.role} (the last of its output)\n${p.output().slice(-20_000)}\n`);
+  });
   after(async () => {
     await d?.close();
     await pg?.close();
