@@ -57,9 +57,14 @@ describe('database outages under load', function () {
     answers = recordingProvider(provider, (marker) => holds.get(marker.replace(/-\d+$/, '')));
   });
   // A failure shows what the processes logged: a stall after an outage is theirs to explain.
-  afterEach(function () {
+  afterEach(async function () {
     if (this.currentTest?.state !== 'failed') return;
     for (const p of processes ?? []) process.stderr.write(`--- ${p.role} (the last of its output)\n${p.output().slice(-20_000)}\n`);
+    const { rows } = await d.pool.query(
+      `SELECT application_name, state, wait_event_type, wait_event, now() - xact_start AS in_xact, left(query, 160) AS query
+         FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY application_name`,
+    ).catch((err: unknown) => ({ rows: [{ error: String(err) }] }));
+    process.stderr.write(`--- the database's sessions\n${rows.map((r) => JSON.stringify(r)).join('\n')}\n`);
   });
   after(async () => {
     await d?.close();
