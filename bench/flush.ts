@@ -13,7 +13,7 @@
 import { parseArgs } from 'node:util';
 import { benchDatabase } from './lib/database.ts';
 import { processCpuMs } from './lib/cpu.ts';
-import { fmt, table } from './lib/stats.ts';
+import { fmt, percentile, table } from './lib/stats.ts';
 import { createTestDatabase, shutdownDatabases } from '../test/support/db.ts';
 import { createBatchPool, type Pool } from '../src/db/pool.ts';
 import { ENSURE_TASK_SQL } from '../src/db/jobs.ts';
@@ -109,7 +109,7 @@ async function main(): Promise<void> {
     for (let r = 0; r < REPEAT; r++) {
       for (const size of SIZES) samples.push(await measure(pool, backend, size, Math.max(10, Math.round(ITEMS / size))));
     }
-    const median = (xs: number[]) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+    const median = (xs: number[]) => percentile(xs.sort((a, b) => a - b), 50);
     const bySize = SIZES.map((size) => {
       const of = samples.filter((s) => s.size === size);
       return { size, submitMs: median(of.map((s) => s.submitMs)), settleMs: median(of.map((s) => s.settleMs)), backendUs: median(of.map((s) => s.backendUs)) };

@@ -70,7 +70,7 @@ export const SUPERSEDED_EVENT = sseEvent(
 const failedEvent = async (answer: StoredAnswer): Promise<string> => sseEvent('failed', (await wholeBody(answer.body)).toString('utf8'));
 
 /** Resolves once the write buffer drains (or the caller left), so a slow reader is not buffered for. */
-export function drained(res: Response): Promise<void> {
+function drained(res: Response): Promise<void> {
   return new Promise((resolve) => {
     // A caller already gone never drains (and 'close' came before): waiting would hold this
     // request's state, and the page it was sending, for good.
