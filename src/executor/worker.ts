@@ -7,7 +7,7 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { run, type Runner as WorkerRunner, type WorkerEvents, type WorkerPool } from 'graphile-worker';
 import type { BaseDeps, RunWhereAccepted } from '../deps.ts';
-import { createPool, connectionFailed, gateConnections, type ConnectionConfig, type Pool } from '../db/pool.ts';
+import { createPool, connectionFailed, gateConnections, isConnectionLoss, type ConnectionConfig, type Pool } from '../db/pool.ts';
 import { createUpstream } from './upstream.ts';
 import { createChunkWriter } from './chunk-writer.ts';
 import { createAttemptRunner } from './attempt-runner.ts';
@@ -84,11 +84,33 @@ export function queueOptions(concurrency: number) {
 
 export type JobQueue = { /** Has the running worker pool fetch `count` new jobs now. */ nudge(count: number): void; stop(): Promise<void> };
 
+// How long after its jobs ended a pool's last completions may still be on their way.
+const COMPLETIONS_SENT_MS = 1000;
+
+/** One launch of graphile-worker: its runner, and what the supervisor watches of it. */
+type Launched = {
+  runner: WorkerRunner;
+  /** The ids of its pool and workers, which lock the jobs it takes. */
+  lockers: string[];
+  nudge(count: number): void;
+  /** Resolves, with the reason, once its pool stops taking jobs. */
+  down: Promise<Error>;
+  /** Resolves once its pool's jobs have ended (run out, or been failed back to the queue). */
+  drained: Promise<void>;
+};
+
 /**
- * Keeps graphile-worker's runner going. graphile-worker stops its worker pool for good when it
- * cannot complete or fail jobs (the database went away under it); this starts a new one once
- * the database answers again, and frees the jobs the stopped pool had locked (run again, a
- * job whose request already ended claims nothing and completes).
+ * Keeps a graphile-worker pool taking jobs. graphile-worker shuts a pool down by itself when
+ * it cannot complete a job (the database went away under it, docs/durability.md "During an
+ * outage"). Such a pool drains first: it takes no job while its running jobs, which are
+ * provider calls that may last minutes, finish. So a replacement starts as soon as a pool goes
+ * down, once the database answers, and the jobs the old pool still holds locked are freed once
+ * it has drained (run again, a job whose request already ended claims nothing and completes).
+ * Until then the process may run up to twice its concurrency.
+ *
+ * A pool is done with once drained, not once its runner settles: graphile-worker 0.18's
+ * batched completion miscounts after a failed batch, and such a pool's runner never settles
+ * (graphile/worker#636).
  *
  * Each new worker pool is listed (`list`, which must not throw) before it takes a connection
  * from `pool`, so before it locks a job: a pool fetches at once on creation, and graphile-worker
@@ -97,10 +119,15 @@ export type JobQueue = { /** Has the running worker pool fetch `count` new jobs 
  */
 export async function superviseQueue(start: (events: WorkerEvents) => Promise<WorkerRunner>, pool: Pool, list: (id: string) => Promise<void>): Promise<JobQueue> {
   const gate = gateConnections(pool);
-  const launch = async () => {
+  let stopping = false;
+  const stopRequested = Promise.withResolvers<null>();
+  const launched = new Set<Launched>();
+  const launch = async (): Promise<Launched> => {
     const events: WorkerEvents = new EventEmitter() as WorkerEvents;
     const lockers: string[] = [];
     let jobPool: WorkerPool | null = null;
+    const down = Promise.withResolvers<Error>();
+    const drained = Promise.withResolvers<void>();
     events.on('pool:create', ({ workerPool }) => {
       lockers.push(workerPool.id);
       jobPool = workerPool;
@@ -108,45 +135,70 @@ export async function superviseQueue(start: (events: WorkerEvents) => Promise<Wo
       gate.holdUntil(list(workerPool.id));
     });
     events.on('worker:create', ({ worker }) => lockers.push(worker.workerId));
+    events.on('pool:gracefulShutdown', ({ message }) => down.resolve(new Error(message)));
+    events.on('pool:forcefulShutdown', ({ message }) => down.resolve(new Error(message)));
+    // A graceful shutdown that fails goes on to a forceful one, which always ends in one of these.
+    // The last jobs' completions are sent a moment later; freed before that, they would run again.
+    const ended = () => void sleep(COMPLETIONS_SENT_MS).then(() => drained.resolve());
+    events.on('pool:gracefulShutdown:complete', ended);
+    events.on('pool:forcefulShutdown:complete', ended);
+    events.on('pool:forcefulShutdown:error', ended);
     const runner = await start(events);
-    return { runner, lockers, nudge: (count: number) => jobPool?.nudge(count) };
+    void runner.promise.then(
+      () => down.resolve(new Error('the job queue stopped')),
+      (err: unknown) => down.resolve(err instanceof Error ? err : new Error(String(err))),
+    ).finally(() => drained.resolve());
+    const queue: Launched = { runner, lockers, nudge: (count) => jobPool?.nudge(count), down: down.promise, drained: drained.promise };
+    launched.add(queue);
+    return queue;
   };
-  let current = await launch();
-  let stopping = false;
+
+  const freeJobs = async (lockers: readonly string[]) => {
+    for (let tries = 0; tries < 20 && !stopping; tries++) {
+      try {
+        return await unlockJobs(pool, lockers);
+      } catch (err) {
+        connectionFailed('could not free the stopped job queue\'s jobs', err);
+        await sleep(500);
+      }
+    }
+  };
+  const retire = (queue: Launched) =>
+    void queue.drained.then(() => freeJobs(queue.lockers)).finally(() => launched.delete(queue));
+  /** Launches a pool, retrying until the database answers; null if the queue stops meanwhile. */
+  const relaunch = async (): Promise<Launched | null> => {
+    for (let delay = 100; ; delay = Math.min(delay * 2, 1000)) {
+      await sleep(delay);
+      if (stopping) return null;
+      try {
+        return await launch();
+      } catch (err) {
+        connectionFailed('the job queue could not start', err);
+      }
+    }
+  };
+
+  let current: Launched | null = await launch();
   const supervised = (async () => {
-    for (;;) {
-      const error = await current.runner.promise.then(() => null, (err: unknown) => err);
-      if (stopping) return;
-      connectionFailed('the job queue stopped; starting it again', error ?? new Error('the job queue stopped'));
-      const previous = current.lockers;
-      for (let delay = 100; ; delay = Math.min(delay * 2, 1000)) {
-        await sleep(delay);
-        if (stopping) return;
-        try {
-          current = await launch();
-          break;
-        } catch (err) {
-          connectionFailed('the job queue could not start', err);
-        }
-      }
-      logger.info('job queue running again');
-      for (let tries = 0; tries < 20 && !stopping; tries++) {
-        try {
-          await unlockJobs(pool, previous);
-          break;
-        } catch (err) {
-          connectionFailed('could not free the stopped job queue\'s jobs', err);
-          await sleep(500);
-        }
-      }
+    while (current) {
+      const reason = await Promise.race([current.down, stopRequested.promise]);
+      if (!reason) return;
+      if (isConnectionLoss(reason)) connectionFailed('the job queue stopped taking jobs', reason);
+      else logger.warn('the job queue stopped taking jobs; starting another', { reason: reason.message });
+      retire(current);
+      current = await relaunch();
+      if (current) logger.info('job queue running again');
     }
   })();
   return {
-    nudge: (count) => current.nudge(count),
+    nudge: (count) => current?.nudge(count),
     async stop() {
       stopping = true;
-      await current.runner.stop().catch(() => undefined);
+      stopRequested.resolve(null);
       await supervised;
+      // A pool already going down is not asked again; each is awaited until its jobs ended.
+      for (const queue of launched) void queue.runner.stop().catch(() => undefined);
+      await Promise.all([...launched].map((queue) => queue.drained));
     },
   };
 }
