@@ -37,7 +37,7 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
     (await pool.query<{ key: string; locked_by: string | null }>(`SELECT key, locked_by FROM graphile_worker._private_jobs ORDER BY key`)).rows;
 
   it('runs new jobs while the old pool still runs its own, then frees what the old pool left locked', async () => {
-    // Each run of a job, by key; a job named `held-*` runs until the test lets it end.
+    // Each run of a job, by key; a job keyed `req_held*` runs, the first time, until the test lets it end.
     const runs: string[] = [];
     const holds = new Map<string, () => void>();
     const pools: string[] = [];
@@ -97,7 +97,7 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
     expect(runs.filter((k) => k === 'req_held2')).to.have.length(1);
     expect(started, 'one replacement').to.equal(2);
 
-    // And the queue stops, though the old pool's runner never settled.
+    // And the queue stops, whether or not the old pool's runner ever settles.
     const stopping = queue.stop();
     queue = null;
     await stopping;
