@@ -27,6 +27,8 @@ export type Liveness = {
   onConnect(session: Session): Promise<void>;
   /** Lists a graphile-worker pool of this process: if the process dies, the jobs it locked are freed. */
   addJobPool(pool: Pool, poolId: string): Promise<void>;
+  /** Unlists a pool that stopped and whose jobs were freed, so that the list does not grow with every replacement. */
+  dropJobPool(pool: Pool, poolId: string): Promise<void>;
   /** Whether this process watches the others: it takes the watch lock on its bus session when that is free. */
   watching(): Promise<boolean>;
   /**
@@ -67,6 +69,11 @@ export function createLiveness(owner: string): Liveness {
     async addJobPool(pool, poolId) {
       jobPools.push(poolId);
       await pool.query(`UPDATE sarsen.executors SET job_pools = array_append(job_pools, $2) WHERE process_id = $1`, [owner, poolId]);
+    },
+    async dropJobPool(pool, poolId) {
+      const at = jobPools.indexOf(poolId);
+      if (at >= 0) jobPools.splice(at, 1);
+      await pool.query(`UPDATE sarsen.executors SET job_pools = array_remove(job_pools, $2) WHERE process_id = $1`, [owner, poolId]);
     },
     async watching() {
       const s = current;

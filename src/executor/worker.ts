@@ -40,11 +40,13 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
     run({ ...queueOptions(opts.concurrency), pgPool: workerPool, events, taskList: { [EXECUTE_REQUEST]: executeRequestTask(attemptRunner.runJob) } });
   // Recovery first: a process started because all the others died takes up their work at once.
   const sweeper = startSweeper(deps, opts.liveness);
-  const listPool = (id: string) =>
-    opts.liveness.addJobPool(deps.pool, id).catch((err) => connectionFailed('could not list a job pool; its jobs are freed late if this process dies', err));
+  const listing: JobPoolListing = {
+    add: (id) => opts.liveness.addJobPool(deps.pool, id).catch((err) => connectionFailed('could not list a job pool; its jobs are freed late if this process dies', err)),
+    drop: (id) => opts.liveness.dropJobPool(deps.pool, id).catch((err) => connectionFailed('could not unlist a stopped job pool', err)),
+  };
   let queue: JobQueue;
   try {
-    queue = await superviseQueue(startQueue, workerPool, listPool);
+    queue = await superviseQueue(startQueue, workerPool, listing);
   } catch (err) {
     await Promise.all([sweeper.stop(), attemptRunner.stop(0)]);
     await Promise.all([upstream.close(), chunks.close(), workerPool.end()]);
@@ -82,6 +84,9 @@ export function queueOptions(concurrency: number) {
   } satisfies Parameters<typeof run>[0];
 }
 
+/** Where this process lists its job pools (src/db/liveness.ts); neither call may throw. */
+export type JobPoolListing = { add(poolId: string): Promise<void>; drop(poolId: string): Promise<void> };
+
 export type JobQueue = { /** Has the running worker pool fetch `count` new jobs now. */ nudge(count: number): void; stop(): Promise<void> };
 
 // How long after its jobs ended a pool's last completions may still be on their way.
@@ -90,6 +95,8 @@ const COMPLETIONS_SENT_MS = 1000;
 /** One launch of graphile-worker: its runner, and what the supervisor watches of it. */
 type Launched = {
   runner: WorkerRunner;
+  /** Its pool's id, as listed. */
+  poolId: string | undefined;
   /** The ids of its pool and workers, which lock the jobs it takes. */
   lockers: string[];
   nudge(count: number): void;
@@ -112,12 +119,13 @@ type Launched = {
  * batched completion miscounts after a failed batch, and such a pool's runner never settles
  * (graphile/worker#636).
  *
- * Each new worker pool is listed (`list`, which must not throw) before it takes a connection
+ * Each new worker pool is listed (`listing.add`) before it takes a connection
  * from `pool`, so before it locks a job: a pool fetches at once on creation, and graphile-worker
  * has no hook to wait, so `pool` is held until the listing is done. A process that dies after
- * fetching thus has its jobs freed by the watcher at once rather than after a lease.
+ * fetching thus has its jobs freed by the watcher at once rather than after a lease. A pool
+ * whose jobs were freed after it stopped is unlisted (`listing.drop`).
  */
-export async function superviseQueue(start: (events: WorkerEvents) => Promise<WorkerRunner>, pool: Pool, list: (id: string) => Promise<void>): Promise<JobQueue> {
+export async function superviseQueue(start: (events: WorkerEvents) => Promise<WorkerRunner>, pool: Pool, listing: JobPoolListing): Promise<JobQueue> {
   const gate = gateConnections(pool);
   let stopping = false;
   const stopRequested = Promise.withResolvers<null>();
@@ -132,7 +140,7 @@ export async function superviseQueue(start: (events: WorkerEvents) => Promise<Wo
       lockers.push(workerPool.id);
       jobPool = workerPool;
       // Emitted synchronously just before the pool's first fetch asks for a connection.
-      gate.holdUntil(list(workerPool.id));
+      gate.holdUntil(listing.add(workerPool.id));
     });
     events.on('worker:create', ({ worker }) => lockers.push(worker.workerId));
     events.on('pool:gracefulShutdown', ({ message }) => down.resolve(new Error(message)));
@@ -148,23 +156,29 @@ export async function superviseQueue(start: (events: WorkerEvents) => Promise<Wo
       () => down.resolve(new Error('the job queue stopped')),
       (err: unknown) => down.resolve(err instanceof Error ? err : new Error(String(err))),
     ).finally(() => drained.resolve());
-    const queue: Launched = { runner, lockers, nudge: (count) => jobPool?.nudge(count), down: down.promise, drained: drained.promise };
+    const queue: Launched = { runner, poolId: lockers[0], lockers, nudge: (count) => jobPool?.nudge(count), down: down.promise, drained: drained.promise };
     launched.add(queue);
     return queue;
   };
 
-  const freeJobs = async (lockers: readonly string[]) => {
+  /** Frees the jobs a stopped pool still holds; true once done. */
+  const freeJobs = async (lockers: readonly string[]): Promise<boolean> => {
     for (let tries = 0; tries < 20 && !stopping; tries++) {
       try {
-        return await unlockJobs(pool, lockers);
+        await unlockJobs(pool, lockers);
+        return true;
       } catch (err) {
         connectionFailed('could not free the stopped job queue\'s jobs', err);
         await sleep(500);
       }
     }
+    return false;
   };
-  const retire = (queue: Launched) =>
-    void queue.drained.then(() => freeJobs(queue.lockers)).finally(() => launched.delete(queue));
+  const retire = async (queue: Launched) => {
+    await queue.drained;
+    if ((await freeJobs(queue.lockers)) && queue.poolId) await listing.drop(queue.poolId);
+    launched.delete(queue);
+  };
   /** Launches a pool, retrying until the database answers; null if the queue stops meanwhile. */
   const relaunch = async (): Promise<Launched | null> => {
     for (let delay = 100; ; delay = Math.min(delay * 2, 1000)) {
@@ -185,7 +199,7 @@ export async function superviseQueue(start: (events: WorkerEvents) => Promise<Wo
       if (!reason) return;
       if (isConnectionLoss(reason)) connectionFailed('the job queue stopped taking jobs', reason);
       else logger.warn('the job queue stopped taking jobs; starting another', { reason: reason.message });
-      retire(current);
+      void retire(current);
       current = await relaunch();
       if (current) logger.info('job queue running again');
     }

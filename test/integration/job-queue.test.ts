@@ -36,11 +36,13 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
   const lockedJobs = async () =>
     (await pool.query<{ key: string; locked_by: string | null }>(`SELECT key, locked_by FROM graphile_worker._private_jobs ORDER BY key`)).rows;
 
-  it('runs new jobs while the old pool still runs its own, then frees what the old pool left locked', async () => {
+  it('runs new jobs while the old pool still runs its own, then frees what the old pool left locked and unlists it', async () => {
     // Each run of a job, by key; a job keyed `req_held*` runs, the first time, until the test lets it end.
     const runs: string[] = [];
     const holds = new Map<string, () => void>();
     const pools: string[] = [];
+    // The pools listed as this process's, as src/db/liveness.ts keeps them.
+    const listed = new Set<string>();
     let started = 0;
     queue = await superviseQueue(
       (events: WorkerEvents) => {
@@ -60,7 +62,7 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
         });
       },
       queuePool,
-      async () => undefined,
+      { add: async (id) => void listed.add(id), drop: async (id) => void listed.delete(id) },
     );
     await until(async () => (pools.length === 1 ? true : undefined), 30_000);
 
@@ -96,6 +98,9 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
     expect(runs.filter((k) => k === 'req_held1'), 'the job whose completion failed ran again').to.have.length(2);
     expect(runs.filter((k) => k === 'req_held2')).to.have.length(1);
     expect(started, 'one replacement').to.equal(2);
+    // The old pool, its jobs freed, is no longer listed.
+    await until(async () => (listed.size === 1 ? true : undefined), 30_000);
+    expect([...listed]).to.deep.equal([pools[1]]);
 
     // And the queue stops, whether or not the old pool's runner ever settles.
     const stopping = queue.stop();

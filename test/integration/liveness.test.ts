@@ -71,6 +71,22 @@ describe('liveness: the watcher after its bus reconnects', function () {
     while (watcher.settling()) await new Promise((r) => setTimeout(r, 100));
     expect((await watchExecutors(pool, watcher.owner, watcher.settling())).dead).to.deep.equal(['wrk_gone']);
   });
+
+  it('lists again on a reconnect only the job pools not dropped', async () => {
+    const liveness = createLiveness('wrk_dropping');
+    const listed = async () =>
+      (await pool.query<{ job_pools: string[] }>(`SELECT job_pools FROM sarsen.executors WHERE process_id = 'wrk_dropping'`)).rows[0]!.job_pools;
+    const first = await session();
+    await liveness.onConnect(first);
+    await liveness.addJobPool(pool, 'pool-old');
+    await liveness.addJobPool(pool, 'pool-new');
+    await liveness.dropJobPool(pool, 'pool-old');
+    expect(await listed()).to.deep.equal(['pool-new']);
+    // The bus loses its session and connects again: it lists the process afresh, from memory.
+    await first.end();
+    await liveness.onConnect(await session());
+    expect(await listed()).to.deep.equal(['pool-new']);
+  });
 });
 
 describe('liveness: a job pool is listed before it locks a job', function () {
@@ -125,7 +141,10 @@ describe('liveness: a job pool is listed before it locks a job', function () {
           },
         }),
       queuePool,
-      (id) => liveness.addJobPool(pool, id).catch((err) => connectionFailed('test: listing failed', err)),
+      {
+        add: (id) => liveness.addJobPool(pool, id).catch((err) => connectionFailed('test: listing failed', err)),
+        drop: async () => undefined,
+      },
     );
     try {
       // The listing is under way and blocked...
