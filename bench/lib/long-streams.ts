@@ -43,6 +43,7 @@ export type LongResult = {
   /** Mean cores busy over the phase: the whole machine's, and this process's (the callers'). */
   machineCores: number;
   callerCores: number;
+  wallMs: number;
   peakRssMb: number;
   writes: DbWrites | null;
 };
@@ -234,6 +235,7 @@ export async function runLongStreams(
     pgCpuMs,
     machineCores,
     callerCores,
+    wallMs: wall,
     peakRssMb,
     writes,
   };
@@ -273,6 +275,17 @@ export function longStreamsReport(results: LongResult[], shape: LongShape): { te
       ]),
     ),
   ];
+  if (direct) {
+    // What the provider and the callers leave of the machine while it keeps its pace: a proxy
+    // keeps that pace only if it and its database spend less per frame (on average; at the
+    // peak, when every stream is open, less still).
+    const idleUsPerFrame = ((os.cpus().length - direct.machineCores) * direct.wallMs * 1000) / direct.frames;
+    const spent = (r: LongResult | undefined) => (r ? `${fmt(((r.cpuMs + r.pgCpuMs) * 1000) / r.frames, 1)} µs` : 'not measured');
+    lines.push(
+      `The machine's CPU the direct run left idle: ${fmt(idleUsPerFrame, 1)} µs a frame (${fmt(os.cpus().length - direct.machineCores, 2)} cores at the provider's pace).` +
+        ` A side keeps that pace only if it and PostgreSQL spend less a frame: Sarsen ${spent(sarsen)}, the gateway ${spent(gateway)}.`,
+    );
+  }
   const w = sarsen?.writes;
   if (sarsen && w) {
     const f = sarsen.frames;

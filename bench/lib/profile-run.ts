@@ -75,10 +75,13 @@ export async function profileRun(o: ProfileOptions): Promise<void> {
     let recording: RoundTrip[] | null = null;
     proxy.onRoundTrip((rt) => recording?.push(rt));
     const origin = new URL(sarsen.url).origin;
-    const request = (n: number): LoadRequest => ({
+    // Numbered across both loads (each counts from 1): a measured body that repeated a warm-up
+    // one would attach to its stored answer instead of calling the provider.
+    let sent = 0;
+    const request = (): LoadRequest => ({
       path: `${tenant.basePath}/chat/completions`,
       headers: { 'content-type': 'application/json', 'x-sarsen-key': tenant.key },
-      body: o.body(n),
+      body: o.body(++sent),
     });
 
     // Warm the caches and connections, then measure what an idle Sarsen sends on its own.
