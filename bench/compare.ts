@@ -2,7 +2,9 @@
 // a stateless gateway (Portkey's open-source gateway, no storage), and through Sarsen (role
 // both, every request durable), in one run on one machine, with wrk as the load generator and
 // every request body distinct. Targets are ratios against the gateway measured in the same
-// run, because machines differ in absolute figures (docs/performance.md "Targets").
+// run, because machines differ in absolute figures (docs/performance.md "Targets"). The
+// nonstream and longstreams phases also measure a bare Node relay that stores nothing
+// (lib/relay-process.ts): the least any Node proxy spends on this machine.
 //
 //   nonstream     closed loop at --concurrency (default 1,16,64) on each side, with each side's
 //                 slowest request and how many took over a second
@@ -114,7 +116,7 @@ const progress = (line: string) => process.stderr.write(`[bench:compare] ${line}
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const TAG = crypto.randomBytes(4).toString('hex'); // bodies distinct across runs, too
 
-type Side = { name: 'direct' | 'gateway' | 'sarsen'; url: string; headers: Record<string, string>; pid: number };
+type Side = { name: 'direct' | 'gateway' | 'relay' | 'sarsen'; url: string; headers: Record<string, string>; pid: number };
 /**
  * A wrk run with the CPU each part used over it, in cores: the side's processes, PostgreSQL, the
  * fake provider, and the whole machine (busy, and stolen by the hypervisor).
@@ -127,6 +129,13 @@ type Provider = { url: string; child: SarsenChild };
 
 async function startProvider(frames = FRAMES, paceMs = PACE_MS, record = false): Promise<Provider> {
   const child = spawnNode(path.join(HERE, 'lib/provider-process.ts'), ['--frames', String(frames), '--pace', String(paceMs), ...(record ? ['--record'] : [])], process.env, 'bench provider');
+  const [, url] = await child.waitFor(/listening (http:\S+)/, 30_000);
+  return { url: url!, child };
+}
+
+/** A bare Node relay to the provider, storing nothing: the floor of a Node proxy's cost (lib/relay-process.ts). */
+async function startRelay(providerUrl: string): Promise<Provider> {
+  const child = spawnNode(path.join(HERE, 'lib/relay-process.ts'), ['--to', providerUrl], process.env, 'bench relay');
   const [, url] = await child.waitFor(/listening (http:\S+)/, 30_000);
   return { url: url!, child };
 }
@@ -167,6 +176,12 @@ async function main(): Promise<void> {
   const has = (...phases: string[]) => phases.some((p) => PHASES.has(p));
   let provider: Provider | null = null;
   let longProvider: Provider | null = null;
+  const relays: Provider[] = [];
+  const relayTo = async (providerUrl: string): Promise<Provider> => {
+    const relay = await startRelay(providerUrl);
+    relays.push(relay);
+    return relay;
+  };
   let gateway: Gateway | null = null;
   let under: SarsenUnderTest | null = null;
   let postmaster: number | null = null;
@@ -221,9 +236,11 @@ async function main(): Promise<void> {
     let cache: CacheLatency | null = null;
     if (has('nonstream', 'accept', 'cache')) {
       const s = await freshSarsen('the request/response phases', provider.url);
+      const relay = PHASES.has('nonstream') ? await relayTo(provider.url) : null;
+      const viaRelay: Side | null = relay && { ...direct, name: 'relay', url: `${relay.url}/v1/chat/completions`, pid: relay.child.child.pid! };
       for (const c of PHASES.has('nonstream') ? LEVELS : []) {
         const row = new Map<string, Measured>();
-        for (const side of [direct, viaGateway, s.side]) {
+        for (const side of [direct, viaGateway, viaRelay!, s.side]) {
           progress(`non-streaming c=${c}: ${side.name}`);
           row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
         }
@@ -288,10 +305,12 @@ async function main(): Promise<void> {
     const long: LongResult[] = [];
     if (PHASES.has('longstreams')) {
       longProvider = await startProvider(LONG.frames, LONG.frameMs, true);
+      const relay = await relayTo(longProvider.url);
       const s = await freshSarsen('the long streams', longProvider.url);
       const sides: LongSide[] = [
         { ...direct, url: `${longProvider.url}/v1/chat/completions`, pid: longProvider.child.child.pid! },
         { ...viaGateway, headers: { ...auth, ...gateway.headers(longProvider.url) } },
+        { ...direct, name: 'relay', url: `${relay.url}/v1/chat/completions`, pid: relay.child.child.pid! },
         s.side,
       ];
       for (const side of sides) {
@@ -320,6 +339,7 @@ async function main(): Promise<void> {
     await gateway?.stop().catch(() => undefined);
     await provider?.child.kill('SIGTERM');
     await longProvider?.child.kill('SIGTERM');
+    for (const relay of relays) await relay.child.kill('SIGTERM');
     await shutdownDatabases();
   }
 }
@@ -448,7 +468,7 @@ function report(r: Report): void {
   const noteRun = (what: string, m: Measured) => sarsenRuns.push({ what, maxMs: m.errors.timeout > 0 ? Infinity : m.maxMs, over: m.overOneSecond });
 
   if (PHASES.has('nonstream')) {
-    out('Non-streaming, closed loop, provider answering at once (latency in ms; CPU in cores: the side\'s process / PostgreSQL)');
+    out('Non-streaming, closed loop, provider answering at once (latency in ms; CPU in cores: the side\'s process / PostgreSQL; relay: a bare Node relay that stores nothing, the least a Node proxy spends)');
     const rows: string[][] = [];
     for (const [c, row] of r.nonStream) {
       const direct = row.get('direct')!;

@@ -283,7 +283,8 @@ export function longStreamsReport(results: LongResult[], shape: LongShape): { te
     const spent = (r: LongResult | undefined) => (r ? `${fmt(((r.cpuMs + r.pgCpuMs) * 1000) / r.frames, 1)} µs` : 'not measured');
     lines.push(
       `The machine's CPU the direct run left idle: ${fmt(idleUsPerFrame, 1)} µs a frame (${fmt(os.cpus().length - direct.machineCores, 2)} cores at the provider's pace).` +
-        ` A side keeps that pace only if it and PostgreSQL spend less a frame: Sarsen ${spent(sarsen)}, the gateway ${spent(gateway)}.`,
+        ` A side keeps that pace only if it and PostgreSQL spend less a frame: Sarsen ${spent(sarsen)}, the gateway ${spent(gateway)},` +
+        ` a bare Node relay that stores nothing ${spent(by.get('relay'))}.`,
     );
   }
   const w = sarsen?.writes;
