@@ -37,10 +37,21 @@ export async function postmasterPid(pool: pg.Pool): Promise<number | null> {
   return backend === undefined ? null : parentOf(backend);
 }
 
-/** CPU time of the postmaster and all its children, in ms. */
+/** User + system CPU time of the children a process has reaped, in ms (NaN when unreadable). */
+function reapedCpuMs(pid: number): number {
+  const f = statFields(pid);
+  if (!f) return NaN;
+  // cutime(13) cstime(14)
+  return ((Number(f[13]) + Number(f[14])) * 1000) / TICKS_PER_SECOND;
+}
+
+/**
+ * CPU time of the postmaster and all its children, in ms: the live ones, and those it reaped
+ * (without them, a backend that exits within a window takes its CPU out of the difference).
+ */
 export function serverCpuMs(postmaster: number | null): number {
   if (postmaster === null) return NaN;
-  let total = processCpuMs(postmaster);
+  let total = processCpuMs(postmaster) + reapedCpuMs(postmaster);
   let entries: string[];
   try {
     entries = fs.readdirSync('/proc');
