@@ -13,7 +13,7 @@ import { createBus, type Bus } from './bus/bus.ts';
 import { createSettingsCache, type SettingsCache } from './config/settings.ts';
 import { createApp } from './http/app.ts';
 import { trackConnections } from './http/drain.ts';
-import { listen } from './http/listen.ts';
+import { listenShared } from './http/listen.ts';
 import { answerClientErrors } from './http/client-error.ts';
 import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
@@ -124,7 +124,10 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
     const connections = trackConnections(server);
     answerClientErrors(server);
-    const url = opts.handedAt ?? (await listen(server, opts.serve.port, opts.serve.host));
+    // A worker of `--processes` is handed its connections; a process on its own listens itself.
+    const listening = opts.handedAt === undefined ? await listenShared(server, opts.serve.port, opts.serve.host) : null;
+    if (listening) cleanups.push(() => listening.close());
+    const url = listening?.url ?? opts.handedAt!;
     logger.info('sarsen listening', { url, role: opts.serve.role, process_id: processId });
     const accept = (socket: Socket) => {
       server.emit('connection', socket);
@@ -149,6 +152,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
       (stopping ??= (async () => {
         const grace = settings.current().shutdown_grace_ms;
         // HTTP waiters and the executions they wait on finish together within one grace.
+        listening?.close();
         await Promise.all([connections.drain(grace), executor?.stop(grace)]);
         await unwind();
         logger.info('sarsen stopped');
