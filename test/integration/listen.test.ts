@@ -63,7 +63,7 @@ describe('listening (src/http/listen.ts)', function () {
     expect(turns, `${accepted} accepted in ${turns} turns`).to.be.below(BURST / 2);
   });
 
-  it('answers on every socket it shares the port among', async () => {
+  it('answers connections whichever of its sockets the kernel gives them to', async () => {
     const { listening } = await serve();
     const answers = await Promise.all(
       Array.from({ length: ACCEPTORS * 4 }, () =>
