@@ -177,11 +177,6 @@ async function main(): Promise<void> {
   let provider: Provider | null = null;
   let longProvider: Provider | null = null;
   const relays: Provider[] = [];
-  const relayTo = async (providerUrl: string): Promise<Provider> => {
-    const relay = await startRelay(providerUrl);
-    relays.push(relay);
-    return relay;
-  };
   let gateway: Gateway | null = null;
   let under: SarsenUnderTest | null = null;
   let postmaster: number | null = null;
@@ -209,6 +204,12 @@ async function main(): Promise<void> {
     const providerPid = provider.child.child.pid!;
     const direct: Side = { name: 'direct', url: `${provider.url}/v1/chat/completions`, headers: auth, pid: providerPid };
     const viaGateway: Side = { name: 'gateway', url: `${gateway.url}/v1/chat/completions`, headers: { ...auth, ...gateway.headers(provider.url) }, pid: gateway.pid };
+    // A relay to a provider (each phase has a provider of its own), called as the provider is.
+    const relayTo = async (providerUrl: string): Promise<Side> => {
+      const relay = await startRelay(providerUrl);
+      relays.push(relay);
+      return { ...direct, name: 'relay', url: `${relay.url}/v1/chat/completions`, pid: relay.child.child.pid! };
+    };
 
     const measure = async (side: Side, c: number, body: string, seconds: number, warmup: number, url = side.url): Promise<Measured> => {
       const load = { url, headers: side.headers, body, connections: c, timeoutS: 10 };
@@ -236,8 +237,7 @@ async function main(): Promise<void> {
     let cache: CacheLatency | null = null;
     if (has('nonstream', 'accept', 'cache')) {
       const s = await freshSarsen('the request/response phases', provider.url);
-      const relay = PHASES.has('nonstream') ? await relayTo(provider.url) : null;
-      const viaRelay: Side | null = relay && { ...direct, name: 'relay', url: `${relay.url}/v1/chat/completions`, pid: relay.child.child.pid! };
+      const viaRelay = PHASES.has('nonstream') ? await relayTo(provider.url) : null;
       for (const c of PHASES.has('nonstream') ? LEVELS : []) {
         const row = new Map<string, Measured>();
         for (const side of [direct, viaGateway, viaRelay!, s.side]) {
@@ -305,12 +305,12 @@ async function main(): Promise<void> {
     const long: LongResult[] = [];
     if (PHASES.has('longstreams')) {
       longProvider = await startProvider(LONG.frames, LONG.frameMs, true);
-      const relay = await relayTo(longProvider.url);
+      const viaRelay = await relayTo(longProvider.url);
       const s = await freshSarsen('the long streams', longProvider.url);
       const sides: LongSide[] = [
         { ...direct, url: `${longProvider.url}/v1/chat/completions`, pid: longProvider.child.child.pid! },
         { ...viaGateway, headers: { ...auth, ...gateway.headers(longProvider.url) } },
-        { ...direct, name: 'relay', url: `${relay.url}/v1/chat/completions`, pid: relay.child.child.pid! },
+        viaRelay,
         s.side,
       ];
       for (const side of sides) {
