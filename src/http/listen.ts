@@ -30,7 +30,7 @@ export async function listen(server: net.Server, port: number, host: string, opt
 
 export type Listening = {
   url: string;
-  /** Stops accepting on every socket (connections already accepted carry on). */
+  /** Stops accepting on every socket (connections already accepted carry on); once is enough. */
   close(): void;
 };
 
@@ -68,9 +68,12 @@ export async function listenShared(server: net.Server, port: number, host: strin
     server.close();
     throw err;
   }
+  let open = true;
   return {
     url,
     close() {
+      if (!open) return;
+      open = false;
       if (server.listening) server.close();
       for (const acceptor of extra) acceptor.close();
     },
