@@ -2,7 +2,6 @@
 // in-process through the same function the command line uses.
 import http from 'node:http';
 import type { Express } from 'express';
-import type { Socket } from 'node:net';
 import type { ServeOptions } from './config/config.ts';
 import type { Secrets } from './config/secrets.ts';
 import { createPool, processConnections, openConnections, type ConnectionConfig, type Pool } from './db/pool.ts';
@@ -31,14 +30,12 @@ export type SarsenOptions = Readonly<{
   conn: ConnectionConfig;
   serve: ServeOptions;
   secrets: Secrets;
-  /** A worker of `--processes`: it listens on nothing and is handed connections at this address. */
-  handedAt?: string;
+  /** A worker of `--processes`: its sockets join the port its primary claimed (`serve.port`). */
+  joinsPort?: boolean;
 }>;
 
 export type Sarsen = {
-  url: string; // http://host:port of the bound listener, or of the primary that hands connections over
-  /** Serves a connection accepted elsewhere (a worker of `--processes`). */
-  accept(socket: Socket): void;
+  url: string; // http://host:port of the bound listener
   /** The express application (tests walk its router). */
   app: Express;
   pool: Pool;
@@ -124,15 +121,10 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
     const connections = trackConnections(server);
     answerClientErrors(server);
-    // A worker of `--processes` is handed its connections; a process on its own listens itself.
-    const listening = opts.handedAt === undefined ? await listenShared(server, opts.serve.port, opts.serve.host) : null;
-    if (listening) cleanups.push(() => listening.close());
-    const url = listening?.url ?? opts.handedAt!;
+    const listening = await listenShared(server, opts.serve.port, opts.serve.host, { joins: opts.joinsPort === true });
+    cleanups.push(() => listening.close());
+    const { url } = listening;
     logger.info('sarsen listening', { url, role: opts.serve.role, process_id: processId });
-    const accept = (socket: Socket) => {
-      server.emit('connection', socket);
-      socket.resume();
-    };
 
     // Every other fault heals by waiting; a missing schema does not (a restart migrates it again).
     const failed = new Promise<string>((resolve) => {
@@ -152,12 +144,12 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
       (stopping ??= (async () => {
         const grace = settings.current().shutdown_grace_ms;
         // HTTP waiters and the executions they wait on finish together within one grace.
-        listening?.close();
+        listening.close();
         await Promise.all([connections.drain(grace), executor?.stop(grace)]);
         await unwind();
         logger.info('sarsen stopped');
       })());
-    return { url, accept, app, pool, bus, settings, stop, failed };
+    return { url, app, pool, bus, settings, stop, failed };
   } catch (err) {
     await unwind();
     throw err;

@@ -1,11 +1,13 @@
 // `sarsen serve --processes N`: N processes of the chosen role behind one port (node:cluster).
-// The primary migrates once, listens, forks the workers, hands them the database and secrets
-// over its IPC channel, relays their log lines and serves nothing itself: it passes each
-// connection to a worker (src/cli/hand-off.ts). A worker that dies is replaced after a backoff;
-// its leases are recovered by the others as after any crash (docs/durability.md "Recovery").
+// The primary migrates once, claims the port, forks the workers, hands them the database and
+// secrets over its IPC channel, relays their log lines and serves nothing itself. Each worker
+// listens on sockets that share the port (SO_REUSEPORT, src/http/listen.ts): the kernel spreads
+// connections over them, and a worker busy with thousands of streams still takes new callers in
+// at once, which a primary handing connections over one at a time did not allow
+// (docs/operations.md "Processes"). A worker that dies is replaced after a backoff; its leases
+// are recovered by the others as after any crash (docs/durability.md "Recovery").
 import cluster, { type Worker } from 'node:cluster';
 import os from 'node:os';
-import type { Socket } from 'node:net';
 import type { Readable } from 'node:stream';
 import type { ServeOptions } from '../config/config.ts';
 import type { Secrets } from '../config/secrets.ts';
@@ -18,7 +20,7 @@ import { restartAfter } from '../core/restart-backoff.ts';
 import { memoryLimit, workerExecArgv } from '../core/runtime-flags.ts';
 import { bootstrapEmbedded, firstRunBanner } from './tenancy.ts';
 import { onStopSignals, runUntilStopped } from './serve.ts';
-import { startHandOff, type Connection, type Taken } from './hand-off.ts';
+import { canSharePort, claimPort } from '../http/listen.ts';
 
 /** --processes, else CTX_PROCESSES, else one per core (one on embedded PostgreSQL, a development database). */
 export function processCount(given: number | null, embedded: boolean): number {
@@ -27,17 +29,17 @@ export function processCount(given: number | null, embedded: boolean): number {
 
 type Setup = {
   type: 'sarsen:setup';
-  /** Where the primary listens. */
-  url: string;
+  /** The port the primary claimed, for the workers' sockets to share. */
+  port: number;
   conn: ConnectionConfig;
   secrets: { credentialKey: string; apiKeyHashKey: string; databasePassword: string; metricsToken?: string };
   log: { format: LogFormat; colour: boolean };
 };
 type Ready = { type: 'sarsen:ready' };
 
-const setupFor = (db: OpenDatabase, url: string): Setup => ({
+const setupFor = (db: OpenDatabase, port: number): Setup => ({
   type: 'sarsen:setup',
-  url,
+  port,
   conn: db.conn,
   secrets: {
     credentialKey: db.secrets.credentialKey.toString('base64'),
@@ -81,11 +83,15 @@ export async function servePrimary(db: OpenDatabase, opts: ServeOptions, count: 
     await migrate(db.conn, pool).finally(() => pool.end());
   }
   // A port that is taken fails here, before any worker starts.
-  const handOff = await startHandOff(opts.port, opts.host);
+  const { port, url } = await claimPort(opts.port, opts.host);
+  if (count > 1 && !(await canSharePort(opts.host))) {
+    logger.warn('this platform cannot share a port between processes (SO_REUSEPORT): serving with one', { processes: count });
+    count = 1;
+  }
   // The workers share the container's memory: each gets its part of the heap the launcher chose.
   const limit = memoryLimit(process.constrainedMemory(), os.totalmem());
   cluster.setupPrimary({ silent: true, execArgv: workerExecArgv(process.execArgv, process.env.SARSEN_RUNTIME_FLAGS ?? '', limit, count) });
-  const setup = setupFor(db, handOff.url);
+  const setup = setupFor(db, port);
 
   const bornAt = new Map<Worker, number>();
   const timers = new Set<NodeJS.Timeout>();
@@ -99,7 +105,6 @@ export async function servePrimary(db: OpenDatabase, opts: ServeOptions, count: 
 
   const stopAll = (signal: NodeJS.Signals) => {
     stopping = true;
-    handOff.close();
     for (const t of timers) clearTimeout(t);
     timers.clear();
     for (const w of live()) w.process.kill(signal);
@@ -115,18 +120,15 @@ export async function servePrimary(db: OpenDatabase, opts: ServeOptions, count: 
   };
 
   let ready = 0;
-  cluster.on('message', (worker, message: Ready | Taken) => {
-    if (message?.type === 'sarsen:taken') return handOff.taken(message);
+  cluster.on('message', (_worker, message: Ready) => {
     if (message?.type !== 'sarsen:ready') return;
-    handOff.add(worker);
     if (!starting || ++ready < count) return;
     starting = false;
-    logger.info('sarsen ready', { url: handOff.url, processes: count });
+    logger.info('sarsen ready', { url, processes: count });
     // Printed, not logged: the password must not reach a log collector.
-    if (firstRun) writeStdout(firstRunBanner(firstRun, handOff.url) + '\n');
+    if (firstRun) writeStdout(firstRunBanner(firstRun, url) + '\n');
   });
   cluster.on('exit', (worker, exitCode, signal) => {
-    handOff.remove(worker);
     const lived = Date.now() - (bornAt.get(worker) ?? Date.now());
     bornAt.delete(worker);
     const exit = { worker_id: worker.id, pid: worker.process.pid, code: exitCode, signal };
@@ -187,12 +189,7 @@ export async function serveWorker(opts: ServeOptions): Promise<never> {
     });
     // Loaded here, not at the top: the primary never serves, and holds less without it.
     const { startSarsen } = await import('../server.ts');
-    const sarsen = await startSarsen({ conn: setup.conn, serve: opts, secrets, handedAt: setup.url });
-    process.on('message', (m: Connection, socket?: Socket) => {
-      if (m?.type !== 'sarsen:connection' || !socket) return;
-      sarsen.accept(socket);
-      process.send!({ type: 'sarsen:taken', id: m.id } satisfies Taken);
-    });
+    const sarsen = await startSarsen({ conn: setup.conn, serve: { ...opts, port: setup.port }, secrets, joinsPort: true });
     process.send!({ type: 'sarsen:ready' } satisfies Ready);
     code = await runUntilStopped(sarsen);
   } catch (err) {

@@ -1,8 +1,8 @@
 // Graceful stop for the HTTP listener: refuse new connections, close every connection that
 // has no request in flight (keep-alive ones, and ones that never sent a request, which
 // Node's own closeIdleConnections leaves open), let the rest finish, cut them at the grace.
-// It waits on the connections it saw, not on the listener: a worker of `--processes` has none
-// and is handed its connections (src/cli/hand-off.ts).
+// It waits on the connections it saw, not on the listener: the listener counts only what its
+// own socket accepted, not what the sockets sharing its port handed it (src/http/listen.ts).
 import type http from 'node:http';
 import type { Socket } from 'node:net';
 

@@ -1,4 +1,4 @@
-// Binding a listener: a process serving on its own, or the primary of `--processes`.
+// Binding a listener: a process serving on its own, or a worker of `--processes`.
 import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 
@@ -19,7 +19,9 @@ export const ACCEPTORS = 16;
 export async function listen(server: net.Server, port: number, host: string, opts: { reusePort?: boolean } = {}): Promise<string> {
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen({ port, host, backlog: BACKLOG, ...(opts.reusePort ? { reusePort: true } : {}) }, () => {
+    // Exclusive: a worker of `--processes` binds its own sockets instead of asking node:cluster's
+    // primary for one.
+    server.listen({ port, host, backlog: BACKLOG, exclusive: true, ...(opts.reusePort ? { reusePort: true } : {}) }, () => {
       server.off('error', reject);
       resolve();
     });
@@ -35,26 +37,42 @@ export type Listening = {
 };
 
 /**
+ * Binds `host:port` (0: any free port) with a plain socket and lets it go: a port that anyone
+ * holds fails here with EADDRINUSE. Answers the port and its URL, for sockets that share it.
+ */
+export async function claimPort(port: number, host: string): Promise<{ port: number; url: string }> {
+  const probe = net.createServer();
+  const url = await listen(probe, port, host);
+  const bound = (probe.address() as AddressInfo).port;
+  await new Promise((resolve) => probe.close(resolve));
+  return { port: bound, url };
+}
+
+/** Whether this platform lets sockets share a port (Node refuses `reusePort` where it cannot). */
+export async function canSharePort(host: string): Promise<boolean> {
+  const probe = net.createServer();
+  try {
+    await listen(probe, 0, host, { reusePort: true });
+    await new Promise((resolve) => probe.close(resolve));
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
  * Listens for `server` on `host:port` through `acceptors` sockets sharing the port
  * (SO_REUSEPORT), each handing what it accepts to `server`. The port is still this process's
- * alone: taken by anyone, it fails with EADDRINUSE as a single socket would. Where the
- * platform cannot share a port, one socket.
+ * alone: taken by anyone, it fails with EADDRINUSE as a single socket would. With `joins`, the
+ * port was claimed by the primary of `--processes` and its workers' sockets share it with each
+ * other. Where the platform cannot share a port, one socket (and a lone worker).
  */
-export async function listenShared(server: net.Server, port: number, host: string, acceptors = ACCEPTORS): Promise<Listening> {
+export async function listenShared(server: net.Server, port: number, host: string, opts: { acceptors?: number; joins?: boolean } = {}): Promise<Listening> {
   // Sockets that share a port join any other process's that does: see first that none holds it.
-  if (port !== 0) {
-    const probe = net.createServer();
-    await listen(probe, port, host);
-    await new Promise((resolve) => probe.close(resolve));
-  }
-  let url: string;
-  try {
-    url = await listen(server, port, host, { reusePort: acceptors > 1 });
-  } catch (err) {
-    if (acceptors <= 1 || (err as NodeJS.ErrnoException).code === 'EADDRINUSE' || (err as NodeJS.ErrnoException).code === 'EACCES') throw err;
-    url = await listen(server, port, host); // the platform has no SO_REUSEPORT
-    acceptors = 1;
-  }
+  if (port !== 0 && !opts.joins) await claimPort(port, host);
+  const shares = (opts.acceptors ?? ACCEPTORS) > 1 && (await canSharePort(host));
+  const acceptors = shares ? (opts.acceptors ?? ACCEPTORS) : 1;
+  const url = await listen(server, port, host, { reusePort: shares });
   const bound = (server.address() as AddressInfo).port;
   const extra: net.Server[] = [];
   try {
