@@ -72,6 +72,8 @@ const { values: args } = parseArgs({
     // Environment of the Sarsen children beyond the runtime settings they get anyway
     // (SARSEN_RUNTIME_ENV): --child-env NODE_OPTIONS=--max-semi-space-size=8
     'child-env': { type: 'string', multiple: true, default: [] },
+    // Flags added to every Sarsen child's command line: --sarsen-arg=--executor-concurrency=4096
+    'sarsen-arg': { type: 'string', multiple: true, default: [] },
   },
 });
 const SECONDS = Number(args.seconds);
@@ -148,7 +150,7 @@ const NEVER_REACHED = { requests_per_minute: 2_000_000_000, tokens_per_minute: 1
 
 /** A Sarsen child (role both) on a fresh database, provisioned with keys on the provider. */
 async function startSarsen(providerUrl: string, processes = SARSEN_PROCESSES): Promise<SarsenUnderTest> {
-  const sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 }, env: CHILD_ENV, processes });
+  const sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 }, env: CHILD_ENV, processes, args: args['sarsen-arg'] });
   const pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
   const sideOf = async (opts: Parameters<typeof provisionChat>[3] = {}): Promise<Side> => {
     const tenant = await provisionChat(sarsen.url, pool, providerUrl, opts);
@@ -197,7 +199,7 @@ async function main(): Promise<void> {
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}`);
     out(`node ${process.version}; load generator ${wrk}; gateway @portkey-ai/gateway ${gateway.version}; provider: a Node process answering at once (streams: ${FRAMES} frames ${PACE_MS} ms apart)`);
     out(`database: ${db.describe}`);
-    out(`Sarsen: role both, --processes ${SARSEN_PROCESSES} (the processes phase: 1 and 2), ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases, another for the streaming ones, another for the long streams; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase; every body distinct`);
+    out(`Sarsen: role both, --processes ${SARSEN_PROCESSES} (the processes phase: 1 and 2)${args['sarsen-arg'].map((a) => ` ${a}`).join('')}, ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases, another for the streaming ones, another for the long streams; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase; every body distinct`);
     out();
 
     const auth = { authorization: 'Bearer sk-bench-direct', 'content-type': 'application/json' };
