@@ -61,17 +61,17 @@ export async function canSharePort(host: string): Promise<boolean> {
 }
 
 /**
- * Listens for `server` on `host:port` through `acceptors` sockets sharing the port
+ * Listens for `server` on `host:port` through ACCEPTORS sockets sharing the port
  * (SO_REUSEPORT), each handing what it accepts to `server`. The port is still this process's
  * alone: taken by anyone, it fails with EADDRINUSE as a single socket would. With `joins`, the
  * port was claimed by the primary of `--processes` and its workers' sockets share it with each
  * other. Where the platform cannot share a port, one socket (and a lone worker).
  */
-export async function listenShared(server: net.Server, port: number, host: string, opts: { acceptors?: number; joins?: boolean } = {}): Promise<Listening> {
+export async function listenShared(server: net.Server, port: number, host: string, opts: { joins?: boolean } = {}): Promise<Listening> {
   // Sockets that share a port join any other process's that does: see first that none holds it.
   if (port !== 0 && !opts.joins) await claimPort(port, host);
-  const shares = (opts.acceptors ?? ACCEPTORS) > 1 && (await canSharePort(host));
-  const acceptors = shares ? (opts.acceptors ?? ACCEPTORS) : 1;
+  const shares = await canSharePort(host);
+  const acceptors = shares ? ACCEPTORS : 1;
   const url = await listen(server, port, host, { reusePort: shares });
   const bound = (server.address() as AddressInfo).port;
   const extra: net.Server[] = [];

@@ -127,10 +127,14 @@ describe('sarsen serve --processes', function () {
       const victimPid = workerPid.get(victim!)!;
       process.kill(victimPid, 'SIGKILL');
 
-      // The other worker recovers the request; the primary starts a replacement.
+      // The other worker recovers the request; the primary starts a replacement. A read that
+      // reached the victim's sockets as it died is reset, and asked again.
       const done = await until(async () => {
-        const r = await record(id);
-        return r.status === 'succeeded' ? r : undefined;
+        const r = await record(id).catch((err: NodeJS.ErrnoException) => {
+          if (err.code === 'ECONNRESET') return undefined;
+          throw err;
+        });
+        return r?.status === 'succeeded' ? r : undefined;
       }, 60_000);
       expect(done.recoveries).to.equal(1);
       expect(done.attempt_log.map((e: { outcome: string }) => e.outcome)).to.deep.equal(['worker_died', 'succeeded']);
@@ -204,7 +208,7 @@ describe('sarsen serve --processes', function () {
       await Promise.all(callers);
       expect(outcomes.hung, JSON.stringify(outcomes)).to.equal(0);
       expect(outcomes.answered, JSON.stringify(outcomes)).to.be.greaterThan(100);
-      expect(outcomes.reset, JSON.stringify(outcomes)).to.be.at.most(outcomes.answered / 10);
+      expect(outcomes.reset, JSON.stringify(outcomes)).to.be.at.most(outcomes.answered / 100);
     } finally {
       await primary.kill('SIGKILL');
     }
