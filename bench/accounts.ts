@@ -6,7 +6,6 @@
 // Run: npm run bench:accounts [-- --rows 1000000 --days 60 --samples 200 --warmup 50 --verbose]
 // `--verbose` prints EXPLAIN (ANALYZE, BUFFERS) of the statements behind the routes.
 import os from 'node:os';
-import { parseArgs } from 'node:util';
 import { Pool as HttpPool } from 'undici';
 import type pg from 'pg';
 import { startFakeProvider, type FakeProvider } from '../test/support/fake-provider.ts';
@@ -19,6 +18,7 @@ import { assertLoopback } from './lib/load.ts';
 import { percentile, fmt, table } from './lib/stats.ts';
 import { provisionAccounts, seedNamespace, settle, type AccountsTenant, type SeedStep } from './lib/accounts-seed.ts';
 import { captureSql, explain, keyLines, type Plan } from './lib/accounts-explain.ts';
+import { benchArgs } from './lib/args.ts';
 
 const TARGET_MS = 20; // docs/performance.md "Targets": listing page / GET /usage < 20 ms
 const HARD_LIMIT_MS = 10 * 60_000;
@@ -27,17 +27,15 @@ const PAGE = 50;
 const DAY_MS = 86_400_000;
 const BIG_TABLES = ['sarsen.requests', 'sarsen.ledger', 'sarsen.key_usage_hourly', 'requests', 'ledger', 'key_usage_hourly'];
 
-const { values: args } = parseArgs({
-  options: {
-    rows: { type: 'string', default: '1000000' },
-    'neighbour-rows': { type: 'string', default: '250000' },
-    days: { type: 'string', default: '60' },
-    samples: { type: 'string', default: '200' },
-    warmup: { type: 'string', default: '50' },
-    keys: { type: 'string', default: '3' },
-    verbose: { type: 'boolean', default: false },
-    'allow-non-durable': { type: 'boolean', default: false },
-  },
+const args = benchArgs({
+  rows: { type: 'string', default: '1000000' },
+  'neighbour-rows': { type: 'string', default: '250000' },
+  days: { type: 'string', default: '60' },
+  samples: { type: 'string', default: '200' },
+  warmup: { type: 'string', default: '50' },
+  keys: { type: 'string', default: '3' },
+  verbose: { type: 'boolean', default: false },
+  'allow-non-durable': { type: 'boolean', default: false },
 });
 const ROWS = Number(args.rows);
 const NEIGHBOUR_ROWS = Number(args['neighbour-rows']);

@@ -31,7 +31,6 @@ import os from 'node:os';
 import http from 'node:http';
 import path from 'node:path';
 import crypto from 'node:crypto';
-import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import { shutdownDatabases } from '../test/support/db.ts';
@@ -48,33 +47,32 @@ import { createAgent, streamOnce } from './lib/stream-client.ts';
 import { runLongStreams, longStreamsReport, type LongResult, type LongShape, type LongSide } from './lib/long-streams.ts';
 import { summarise, fmt, table, verdict } from './lib/stats.ts';
 import { traceReport, type TraceWindow } from './lib/trace-report.ts';
+import { benchArgs } from './lib/args.ts';
 
 const PHASE_NAMES = ['nonstream', 'accept', 'cache', 'streams', 'many', 'longstreams', 'processes'];
-const { values: args } = parseArgs({
-  options: {
-    seconds: { type: 'string', default: '8' },
-    warmup: { type: 'string', default: '2' },
-    concurrency: { type: 'string', default: '1,16,64' },
-    'accept-concurrency': { type: 'string', default: '64' },
-    'concurrent-streams': { type: 'string', default: '256' },
-    many: { type: 'string', default: '1000' },
-    'stream-seconds': { type: 'string', default: '10' },
-    streams: { type: 'string', default: '2000' },
-    frames: { type: 'string', default: '300' },
-    'frame-ms': { type: 'string', default: '30' },
-    'arrival-s': { type: 'string', default: '10' },
-    'sarsen-processes': { type: 'string', default: '1' },
-    // Sarsen writes every submission's milestones (src/trace.ts); the slowest are printed at the end.
-    trace: { type: 'boolean', default: false },
-    // A subset of the phases, for working on one target: --phases accept,many
-    phases: { type: 'string', default: PHASE_NAMES.join(',') },
-    'allow-non-durable': { type: 'boolean', default: false },
-    // Environment of the Sarsen children beyond the runtime settings they get anyway
-    // (SARSEN_RUNTIME_ENV): --child-env NODE_OPTIONS=--max-semi-space-size=8
-    'child-env': { type: 'string', multiple: true, default: [] },
-    // Flags added to every Sarsen child's command line: --sarsen-arg=--executor-concurrency=4096
-    'sarsen-arg': { type: 'string', multiple: true, default: [] },
-  },
+const args = benchArgs({
+  seconds: { type: 'string', default: '8' },
+  warmup: { type: 'string', default: '2' },
+  concurrency: { type: 'string', default: '1,16,64' },
+  'accept-concurrency': { type: 'string', default: '64' },
+  'concurrent-streams': { type: 'string', default: '256' },
+  many: { type: 'string', default: '1000' },
+  'stream-seconds': { type: 'string', default: '10' },
+  streams: { type: 'string', default: '2000' },
+  frames: { type: 'string', default: '300' },
+  'frame-ms': { type: 'string', default: '30' },
+  'arrival-s': { type: 'string', default: '10' },
+  'sarsen-processes': { type: 'string', default: '1' },
+  // Sarsen writes every submission's milestones (src/trace.ts); the slowest are printed at the end.
+  trace: { type: 'boolean', default: false },
+  // A subset of the phases, for working on one target: --phases accept,many
+  phases: { type: 'string', default: PHASE_NAMES.join(',') },
+  'allow-non-durable': { type: 'boolean', default: false },
+  // Environment of the Sarsen children beyond the runtime settings they get anyway
+  // (SARSEN_RUNTIME_ENV): --child-env NODE_OPTIONS=--max-semi-space-size=8
+  'child-env': { type: 'string', multiple: true, default: [] },
+  // Flags added to every Sarsen child's command line: --sarsen-arg=--executor-concurrency=4096
+  'sarsen-arg': { type: 'string', multiple: true, default: [] },
 });
 const SECONDS = Number(args.seconds);
 const WARMUP = Number(args.warmup);

@@ -4,7 +4,6 @@
 //
 // Run: node bench/console.ts [--rows 1000000] [--samples 10]
 // Uses embedded PostgreSQL (or CTX_DATABASE_HOST) like the tests; Chromium at /usr/bin/chromium.
-import { parseArgs } from 'node:util';
 import { startTestServer } from '../test/support/server.ts';
 import { startFakeProvider } from '../test/support/fake-provider.ts';
 import { shutdownDatabases } from '../test/support/db.ts';
@@ -13,8 +12,9 @@ import { launchBrowser } from '../test/support/browser.ts';
 import { provisionAccounts, seedNamespace, settle, type SeedStep } from './lib/accounts-seed.ts';
 import { percentile } from './lib/stats.ts';
 import { configureLogging } from '../src/log.ts';
+import { benchArgs } from './lib/args.ts';
 
-const { values: args } = parseArgs({ options: { rows: { type: 'string', default: '1000000' }, samples: { type: 'string', default: '10' } } });
+const args = benchArgs({ rows: { type: 'string', default: '1000000' }, samples: { type: 'string', default: '10' } });
 const rows = Number(args.rows);
 const samples = Number(args.samples);
 const log = (s: string) => process.stderr.write(`${s}\n`);

@@ -10,7 +10,6 @@
 // so the statement carries the limit check (src/db/rate-limits.ts).
 //
 // Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3] [--limited]
-import { parseArgs } from 'node:util';
 import { benchDatabase } from './lib/database.ts';
 import { processCpuMs } from './lib/cpu.ts';
 import { fmt, percentile, table } from './lib/stats.ts';
@@ -20,16 +19,15 @@ import { ENSURE_TASK_SQL } from '../src/db/jobs.ts';
 import { submitBatch, isRefused, type NewRequest, type Submitted } from '../src/db/submissions.ts';
 import { settleBatch, type Terminal } from '../src/db/attempts.ts';
 import { newId } from '../src/core/ids.ts';
+import { benchArgs } from './lib/args.ts';
 
-const { values: args } = parseArgs({
-  options: {
-    sizes: { type: 'string', default: '1,4,16,64' },
-    // Items per size and repeat: small batches take more rounds.
-    items: { type: 'string', default: '1600' },
-    repeat: { type: 'string', default: '3' },
-    limited: { type: 'boolean', default: false },
-    'allow-non-durable': { type: 'boolean', default: false },
-  },
+const args = benchArgs({
+  sizes: { type: 'string', default: '1,4,16,64' },
+  // Items per size and repeat: small batches take more rounds.
+  items: { type: 'string', default: '1600' },
+  repeat: { type: 'string', default: '3' },
+  limited: { type: 'boolean', default: false },
+  'allow-non-durable': { type: 'boolean', default: false },
 });
 const SIZES = args.sizes.split(',').map(Number);
 const ITEMS = Number(args.items);

@@ -19,7 +19,6 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { benchDatabase } from './lib/database.ts';
 import { createTestDatabase, dbServer, shutdownDatabases, testPool, type TestDatabase } from '../test/support/db.ts';
@@ -34,18 +33,17 @@ import { countRoundTrips } from './lib/roundtrips.ts';
 import { fmt, table } from './lib/stats.ts';
 import { processCpuMs, serverCpuMs } from './lib/cpu.ts';
 import { defaultConnections } from '../src/core/connection-budget.ts';
+import { benchArgs } from './lib/args.ts';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const { values: args } = parseArgs({
-  options: {
-    pairs: { type: 'string', default: '1,2,4,8' },
-    seconds: { type: 'string', default: '10' },
-    warmup: { type: 'string', default: '5' },
-    'count-seconds': { type: 'string', default: '5' },
-    concurrency: { type: 'string', default: '64' },
-    pace: { type: 'string', default: '5' },
-    'allow-non-durable': { type: 'boolean', default: false },
-  },
+const args = benchArgs({
+  pairs: { type: 'string', default: '1,2,4,8' },
+  seconds: { type: 'string', default: '10' },
+  warmup: { type: 'string', default: '5' },
+  'count-seconds': { type: 'string', default: '5' },
+  concurrency: { type: 'string', default: '64' },
+  pace: { type: 'string', default: '5' },
+  'allow-non-durable': { type: 'boolean', default: false },
 });
 const sizes = args.pairs.split(',').map(Number);
 const seconds = Number(args.seconds);

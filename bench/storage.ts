@@ -18,7 +18,6 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { Pool as HttpPool } from 'undici';
 import type pg from 'pg';
@@ -36,22 +35,21 @@ import { ensurePartitions, listPartitions, retirePayloads, retiredBelow, PAYLOAD
 import { sweepRecords } from '../src/db/retention.ts';
 import { firstIdAt, idTime } from '../src/core/ids.ts';
 import { floorTo } from '../src/core/partitions.ts';
+import { benchArgs } from './lib/args.ts';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const DAY = 86_400_000;
-const { values: args } = parseArgs({
-  options: {
-    requests: { type: 'string', default: '100000' },
-    days: { type: 'string', default: '90' },
-    concurrency: { type: 'string', default: '16' },
-    seconds: { type: 'string', default: '20' },
-    samples: { type: 'string', default: '100' },
-    cycles: { type: 'string', default: '3' },
-    'export-records': { type: 'string', default: '100000' },
-    'export-out': { type: 'string', default: '/dev/null' },
-    'migration-requests': { type: 'string', default: '0' },
-    'allow-non-durable': { type: 'boolean', default: false },
-  },
+const args = benchArgs({
+  requests: { type: 'string', default: '100000' },
+  days: { type: 'string', default: '90' },
+  concurrency: { type: 'string', default: '16' },
+  seconds: { type: 'string', default: '20' },
+  samples: { type: 'string', default: '100' },
+  cycles: { type: 'string', default: '3' },
+  'export-records': { type: 'string', default: '100000' },
+  'export-out': { type: 'string', default: '/dev/null' },
+  'migration-requests': { type: 'string', default: '0' },
+  'allow-non-durable': { type: 'boolean', default: false },
 });
 const N = Number(args.requests);
 const DAYS = Number(args.days);

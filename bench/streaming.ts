@@ -14,7 +14,6 @@
 // Run: npm run bench:streaming [-- --levels 100,500,1000 --level-pace 10 --child-env MALLOC_ARENA_MAX=2]
 import crypto from 'node:crypto';
 import os from 'node:os';
-import { parseArgs } from 'node:util';
 import { performance } from 'node:perf_hooks';
 import { shutdownDatabases } from '../test/support/db.ts';
 import { benchDatabase } from './lib/database.ts';
@@ -22,29 +21,28 @@ import { startPacedProvider, type PacedProvider } from './lib/stream-provider.ts
 import { createAgent, streamOnce, closedLoop, type StreamResult } from './lib/stream-client.ts';
 import { startStreamSarsen, provisionStreaming, memoryMb, cpuMs, postgresCpuMs, sampleRss, type StreamSarsen, type StreamTenant } from './lib/stream-sarsen.ts';
 import { pct, maxOverlap, ms, textTable } from './lib/stream-stats.ts';
+import { benchArgs } from './lib/args.ts';
 
 const TARGETS = { addedTtfbP50Ms: 3, streams: 1000, peakRssMb: 300 };
 const HARD_LIMIT_MS = 20 * 60_000;
 
-const { values: args } = parseArgs({
-  options: {
-    frames: { type: 'string', default: '100' },
-    pace: { type: 'string', default: '10' },
-    // The concurrency levels' pace. Streams must outlast the ramp-up for a level to hold all
-    // its streams at once: Sarsen starts streams at a bounded rate (docs/performance.md).
-    'level-pace': { type: 'string', default: '100' },
-    'latency-streams': { type: 'string', default: '200' },
-    'latency-concurrency': { type: 'string', default: '8' },
-    levels: { type: 'string', default: '100,500,1000' },
-    'level-timeout': { type: 'string', default: '180' },
-    // Streams of a level are opened over this long: a burst of 1,000 connects in one tick
-    // overflows a listen backlog of 511 and measures SYN retransmission instead.
-    ramp: { type: 'string', default: '5000' },
-    // Extra environment for the Sarsen child, to see what its RSS is made of:
-    // --child-env MALLOC_ARENA_MAX=2 --child-env NODE_OPTIONS=--max-semi-space-size=2
-    'child-env': { type: 'string', multiple: true, default: [] },
-    'allow-non-durable': { type: 'boolean', default: false },
-  },
+const args = benchArgs({
+  frames: { type: 'string', default: '100' },
+  pace: { type: 'string', default: '10' },
+  // The concurrency levels' pace. Streams must outlast the ramp-up for a level to hold all
+  // its streams at once: Sarsen starts streams at a bounded rate (docs/performance.md).
+  'level-pace': { type: 'string', default: '100' },
+  'latency-streams': { type: 'string', default: '200' },
+  'latency-concurrency': { type: 'string', default: '8' },
+  levels: { type: 'string', default: '100,500,1000' },
+  'level-timeout': { type: 'string', default: '180' },
+  // Streams of a level are opened over this long: a burst of 1,000 connects in one tick
+  // overflows a listen backlog of 511 and measures SYN retransmission instead.
+  ramp: { type: 'string', default: '5000' },
+  // Extra environment for the Sarsen child, to see what its RSS is made of:
+  // --child-env MALLOC_ARENA_MAX=2 --child-env NODE_OPTIONS=--max-semi-space-size=2
+  'child-env': { type: 'string', multiple: true, default: [] },
+  'allow-non-durable': { type: 'boolean', default: false },
 });
 const FRAMES = Number(args.frames);
 const PACE = Number(args.pace);

@@ -9,7 +9,6 @@
 // `--keep-profile` keeps the .cpuprofile file for a viewer).
 import os from 'node:os';
 import crypto from 'node:crypto';
-import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { startFakeProvider, type FakeProvider } from '../test/support/fake-provider.ts';
 import { shutdownDatabases } from '../test/support/db.ts';
@@ -21,6 +20,7 @@ import { runLoad, describeUnexpected, type LoadRequest, type LoadResult } from '
 import { summarise, fmt, table, verdict, type Summary } from './lib/stats.ts';
 import { cpuSnapshot, cpuShares, postmasterPid, type CpuShares } from './lib/cpu.ts';
 import { profileRun } from './lib/profile-run.ts';
+import { benchArgs } from './lib/args.ts';
 
 // docs/performance.md's absolute targets; the throughput targets are ratios against a stateless
 // gateway, measured side by side by bench/compare.ts.
@@ -28,17 +28,15 @@ const TARGETS = { addedP50C1: 2, addedP50C16: 10, addedP99C16: 40 };
 const HARD_LIMIT_MS = 15 * 60_000; // the whole run, whatever happens
 const DRAIN_LIMIT_MS = 120_000; // waiting for the fire-and-forget backlog
 
-const { values: args } = parseArgs({
-  options: {
-    seconds: { type: 'string', default: '5' },
-    warmup: { type: 'string', default: '1' },
-    concurrency: { type: 'string', default: '1,16,64' },
-    'accept-concurrency': { type: 'string', default: '64' },
-    profile: { type: 'boolean', default: false },
-    'profile-concurrency': { type: 'string', default: '16' },
-    'keep-profile': { type: 'boolean', default: false },
-    'allow-non-durable': { type: 'boolean', default: false },
-  },
+const args = benchArgs({
+  seconds: { type: 'string', default: '5' },
+  warmup: { type: 'string', default: '1' },
+  concurrency: { type: 'string', default: '1,16,64' },
+  'accept-concurrency': { type: 'string', default: '64' },
+  profile: { type: 'boolean', default: false },
+  'profile-concurrency': { type: 'string', default: '16' },
+  'keep-profile': { type: 'boolean', default: false },
+  'allow-non-durable': { type: 'boolean', default: false },
 });
 const durationMs = Number(args.seconds) * 1000;
 const warmupMs = Number(args.warmup) * 1000;
