@@ -55,7 +55,9 @@ export async function canSharePort(host: string): Promise<boolean> {
     await listen(probe, 0, host, { reusePort: true });
     await new Promise((resolve) => probe.close(resolve));
     return true;
-  } catch {
+  } catch (err) {
+    // The host itself cannot be bound: that is for the listener's own bind to report.
+    if (['EADDRNOTAVAIL', 'EACCES', 'ENOTFOUND', 'EAI_AGAIN'].includes((err as NodeJS.ErrnoException).code ?? '')) throw err;
     return false;
   }
 }
