@@ -16,7 +16,9 @@ import type pg from 'pg';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ConnectionConfig } from '../db/pool.ts';
 import { createClient, connectionFailed, databaseReached } from '../db/pool.ts';
-import { CHANNEL, FOLLOW_REQUESTS, JOIN_BUS, LEAVE_BUS, busConnectionName, decodeJobWake, decodeRequestEvents, tagChannel, type RequestEvent } from '../db/events.ts';
+import {
+  CHANNEL, busConnectionName, decodeJobWake, decodeRequestEvents, followRequests, joinBus, leaveBus, listenBus, tagChannel, type RequestEvent,
+} from '../db/events.ts';
 import { PROCESS_TAG, requestTag } from '../core/ids.ts';
 import { logger, errorFields } from '../log.ts';
 import { countBusReconnect } from '../metrics/metrics.ts';
@@ -128,10 +130,10 @@ export function createBus(
     c.on('end', lost);
     try {
       await c.connect();
-      await c.query(`LISTEN ${CHANNEL}; LISTEN "${ownChannel}"`);
+      await listenBus(c, ownChannel);
       // Every statement that found no listener but this process's has committed (see
       // src/db/events.ts): from here on, what it missed can be read from the database.
-      await c.query(JOIN_BUS, [PROCESS_TAG.toLowerCase(), opts.executes ?? false]);
+      await joinBus(c, PROCESS_TAG, opts.executes ?? false);
       await opts.onConnect?.(c);
       // The readers registered before (a reconnect: the rows may be gone with the connection).
       await readers.attach(c);
@@ -196,7 +198,7 @@ export function createBus(
       reconnectHandlers.clear();
       if (!c) return;
       // Other processes stop notifying this one (if this fails, a reconcile forgets it later).
-      await Promise.race([c.query(LEAVE_BUS, [opts.origin]).catch(() => undefined), sleep(LEAVE_WAIT_MS, undefined, { ref: false })]);
+      await Promise.race([leaveBus(c, opts.origin).catch(() => undefined), sleep(LEAVE_WAIT_MS, undefined, { ref: false })]);
       await c.end().catch(() => undefined);
     },
   };
@@ -248,7 +250,7 @@ function createReaders(origin: string, enabled: boolean, registered: (ids: strin
     adding.clear();
     dropping.clear();
     try {
-      await c.query(FOLLOW_REQUESTS, [origin, add, drop]);
+      await followRequests(c, origin, add, drop);
       registered(add.filter((id) => count.has(id)));
     } catch (err) {
       // Registered again, all of them, once the bus reconnects; the subscribers read again then.
@@ -296,7 +298,7 @@ function createReaders(origin: string, enabled: boolean, registered: (ids: strin
       const all = [...count.keys()];
       adding.clear();
       dropping.clear();
-      if (all.length > 0) await c.query(FOLLOW_REQUESTS, [origin, all, []]);
+      if (all.length > 0) await followRequests(c, origin, all, []);
       client = c;
     },
     detach() {

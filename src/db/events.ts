@@ -7,6 +7,7 @@
 //
 // A NOTIFY goes only to the processes that read the request (sql/migrations/019_bus_channels.sql):
 // the one that accepted it, named by the tag its id ends in, and those registered as readers.
+import type pg from 'pg';
 import type { Answer, ChunkRow, RequestStatus } from './requests.ts';
 import type { Pool } from './pool.ts';
 import { requestTag } from '../core/ids.ts';
@@ -47,12 +48,19 @@ const CODE = { frames: 'f', state: 's', superseded: 'x', cancel: 'c' } as const;
  */
 export const busConnectionName = (origin: string): string => `sarsen-bus ${origin}`;
 
+/** The bus connection `c` listens on the shared channel and on its process's own, `ownChannel`. */
+export async function listenBus(c: pg.Client, ownChannel: string): Promise<void> {
+  await c.query(`LISTEN ${CHANNEL}; LISTEN "${ownChannel}"`);
+}
+
 /**
- * SQL a bus runs once it LISTENs, before it reports itself connected: it registers the bus with
- * its process's tag ($1) and whether it executes ($2), after every statement that looked for
- * listeners without seeing it has committed.
+ * Run once a bus LISTENs, before it reports itself connected: registers the bus with its
+ * process's `tag` and whether it `executes`, after every statement that looked for listeners
+ * without seeing it has committed.
  */
-export const JOIN_BUS = 'SELECT sarsen.bus_join($1::text, $2::boolean)';
+export async function joinBus(c: pg.Client, tag: string, executes: boolean): Promise<void> {
+  await c.query('SELECT sarsen.bus_join($1::text, $2::boolean)', [tag.toLowerCase(), executes]);
+}
 
 /** The jobs a `J <count>` payload (sarsen.wake_executors()) announces; null for any other payload. */
 export function decodeJobWake(payload: string): number | null {
@@ -61,15 +69,22 @@ export function decodeJobWake(payload: string): number | null {
   return Number.isSafeInteger(n) && n > 0 ? n : null;
 }
 
-/** SQL a bus runs as it closes: statements stop notifying it. */
-export const LEAVE_BUS = `WITH unread AS (DELETE FROM sarsen.bus_readers WHERE process_id = $1)
-  DELETE FROM sarsen.bus_members WHERE process_id = $1`;
+/** Run as a bus closes: statements stop notifying process `origin`. */
+export async function leaveBus(c: pg.Client, origin: string): Promise<void> {
+  await c.query(
+    `WITH unread AS (DELETE FROM sarsen.bus_readers WHERE process_id = $1)
+  DELETE FROM sarsen.bus_members WHERE process_id = $1`,
+    [origin],
+  );
+}
 
 /**
- * SQL registering process $1 as a reader of requests $2 (text[]) and no longer of $3: once it
- * returns, every statement that produced events for $2 without notifying $1 has committed.
+ * Registers process `origin` as a reader of requests `add` and no longer of `drop`: once it
+ * returns, every statement that produced events for `add` without notifying `origin` has committed.
  */
-export const FOLLOW_REQUESTS = 'SELECT sarsen.bus_follow($1::text, $2::text[], $3::text[])';
+export async function followRequests(c: pg.Client, origin: string, add: readonly string[], drop: readonly string[]): Promise<void> {
+  await c.query('SELECT sarsen.bus_follow($1::text, $2::text[], $3::text[])', [origin, add, drop]);
+}
 
 /**
  * Forgets the buses whose connection is gone (a process killed, a connection cut), so that

@@ -5,6 +5,25 @@ import { addToRollup, shard } from './counters.ts';
 
 type Db = Pick<Pool, 'query'>;
 
+// 0x5a7e_3100_0029: a session advisory lock held by the executor running a retention pass, so
+// one executor at a time runs one.
+const PASS_LOCK = 99498034462761;
+
+/**
+ * Takes the pass lock on `db`'s session: `wait` waits for a pass another process runs to end;
+ * otherwise answers false at once when one is running.
+ */
+export async function lockRetentionPass(db: Db, wait: boolean): Promise<boolean> {
+  if (!wait) return (await db.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [PASS_LOCK])).rows[0]!.ok;
+  await db.query('SELECT pg_advisory_lock($1)', [PASS_LOCK]);
+  return true;
+}
+
+/** Releases the pass lock taken on `db`'s session. */
+export async function unlockRetentionPass(db: Db): Promise<void> {
+  await db.query('SELECT pg_advisory_unlock($1)', [PASS_LOCK]);
+}
+
 export type NamespaceHorizon = { namespace_id: string; namespace_minutes: number | null; tenancy_minutes: number | null };
 
 export async function namespaceHorizons(pool: Db): Promise<NamespaceHorizon[]> {

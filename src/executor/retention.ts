@@ -9,7 +9,7 @@ import type { PoolClient } from '../db/pool.ts';
 import { effectiveRetentionMinutes } from '../core/retention.ts';
 import { rowSweep } from '../core/partitions.ts';
 import { firstIdAt, idTime } from '../core/ids.ts';
-import { namespaceHorizons, sweepRecords, sweepLapsedClaims, sweepListingRows, sweepLedger } from '../db/retention.ts';
+import { lockRetentionPass, unlockRetentionPass, namespaceHorizons, sweepRecords, sweepLapsedClaims, sweepListingRows, sweepLedger } from '../db/retention.ts';
 import {
   ensurePartitions, finishRetired, listPartitions, retiredBelow, retirePayloads, retireRequestRows, retireLedger, PAYLOADS, LEDGER, type Horizon,
 } from '../db/partitions.ts';
@@ -23,8 +23,6 @@ const BATCH = 500;
 const MAX_BATCHES = 200;
 // Days of payloads one pass may drop (a deployment catching up after a pause drops a week a pass).
 const MAX_DAYS = 7;
-// 0x5a7e_3100_0029: held by the executor running a pass.
-const PASS_LOCK = 99498034462761;
 
 async function drain(fn: () => Promise<number>): Promise<number> {
   let total = 0;
@@ -50,8 +48,7 @@ export async function runRetentionSweep(deps: Deps, opts: { wait?: boolean } = {
   let failure: Error | undefined;
   let locked = false;
   try {
-    if (opts.wait === false) locked = (await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [PASS_LOCK])).rows[0]!.ok;
-    else locked = (await client.query('SELECT pg_advisory_lock($1)', [PASS_LOCK]), true);
+    locked = await lockRetentionPass(client, opts.wait !== false);
     if (!locked) return NOTHING;
     const counts = await pass(deps, client);
     if (counts.records + counts.listing + counts.ledger + counts.partitions > 0) logger.info('retention sweep', counts);
@@ -61,7 +58,7 @@ export async function runRetentionSweep(deps: Deps, opts: { wait?: boolean } = {
     failure = err as Error;
     throw err;
   } finally {
-    if (locked && !failure) await client.query('SELECT pg_advisory_unlock($1)', [PASS_LOCK]).catch(() => undefined);
+    if (locked && !failure) await unlockRetentionPass(client).catch(() => undefined);
     // A failed pass's connection is closed, not reused: its lock and any session setting go with it.
     client.release(failure);
   }
