@@ -1,18 +1,18 @@
 // Composition root: one Sarsen process with the parts its role asks for. Tests start it
 // in-process through the same function the command line uses.
 import http from 'node:http';
-import type { Express } from 'express';
+import express, { type Express } from 'express';
 import type { ServeOptions } from './config/config.ts';
 import type { Secrets } from './config/secrets.ts';
 import { createPool, processConnections, openConnections, type ConnectionConfig, type Pool } from './db/pool.ts';
-import { waitForWritableHost } from './db/writable-host.ts';
+import { startingPoint, migrateWhenWritable } from './db/startup.ts';
 import { connectionBudget } from './core/connection-budget.ts';
-import { migrate, migrationsApplied, schemaMissing } from './db/migrate.ts';
+import { migrationsApplied, schemaMissing } from './db/migrate.ts';
 import { createBus, type Bus } from './bus/bus.ts';
 import { createSettingsCache, type SettingsCache } from './config/settings.ts';
 import { createApp } from './http/app.ts';
 import { trackConnections } from './http/drain.ts';
-import { listenShared } from './http/listen.ts';
+import { listenShared, type Listening } from './http/listen.ts';
 import { answerClientErrors } from './http/client-error.ts';
 import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
@@ -21,6 +21,7 @@ import { apiRouters } from './http/routes.ts';
 import { startExecutor, type Executor } from './executor/worker.ts';
 import { createLiveness } from './db/liveness.ts';
 import { newId } from './core/ids.ts';
+import { ServiceError } from './core/errors.ts';
 import { createSubmitter } from './http/service/submitter.ts';
 import { countLiveRequests } from './db/requests.ts';
 import { registerPool, registerRequestStates, registerConnections } from './metrics/metrics.ts';
@@ -57,8 +58,6 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
   // Every connection the process opens is drawn from one budget (docs/scaling.md).
   const budget = connectionBudget(opts.serve.role, opts.serve.databaseConnections);
   const conn = processConnections(opts.conn, processId, budget);
-  // With several hosts, a process started during a failover waits for the new primary.
-  await waitForWritableHost(conn);
   const pool = createPool(conn, { purpose: 'main' });
   const { total: _, ...byPurpose } = budget;
   const cleanups: (() => Promise<void> | void)[] = [
@@ -71,8 +70,24 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => logger.warn('cleanup failed', errorFields(err)));
   };
   try {
+    // One server for the process's life: it answers as `waiting` until the app is built.
+    let handle: http.RequestListener = waiting(opts.secrets.metricsToken ?? null);
+    const server = http.createServer({ keepAliveTimeout: 65_000 }, (req, res) => handle(req, res));
+    const connections = trackConnections(server);
+    answerClientErrors(server);
+    let listening: Listening | null = null;
+    let app: Express | null = null;
+    const bind = async () => {
+      const bound = await listenShared(server, opts.serve.port, opts.serve.host, { joins: opts.joinsPort === true });
+      cleanups.push(() => bound.close());
+      logger.info('sarsen listening', { url: bound.url, role: opts.serve.role, process_id: processId, ...(handle === app ? {} : { ready: false }) });
+      return bound;
+    };
     // Schema first: nothing binds before the database is at the version this code expects.
-    await migrate(conn, pool);
+    // Started while only a standby answers, a process waits for a writable primary; if the
+    // standby already has the schema, it binds meanwhile (docs/scaling.md "Starting during a failover").
+    if ((await startingPoint(conn)) === 'standby') listening = await bind();
+    await migrateWhenWritable(conn, pool);
     // An executor's liveness lock lives on the bus connection: if the process dies, the lock
     // goes with its session and the watching executor sees within a check that its leases are
     // orphaned (src/db/liveness.ts).
@@ -109,20 +124,17 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     cleanups.push(() => deps.submitter.close());
     const api = opts.serve.role === 'executor' ? { routers: [], close: async () => {} } : apiRouters(deps);
     cleanups.push(() => api.close());
-    const app = createApp({
+    app = createApp({
       routers: api.routers,
       metricsToken: opts.secrets.metricsToken ?? null,
       ...(opts.serve.role === 'executor' ? {} : { openapi: openApiDocument }),
       // Its query also proves the database answers (a refused connection answers 503).
       ready: () => migrationsApplied(pool),
     });
-    const server = http.createServer({ keepAliveTimeout: 65_000 }, app);
-    const connections = trackConnections(server);
-    answerClientErrors(server);
-    const listening = await listenShared(server, opts.serve.port, opts.serve.host, { joins: opts.joinsPort === true });
-    cleanups.push(() => listening.close());
+    handle = app;
+    if (listening) logger.info('sarsen ready: a writable primary answers', { url: listening.url, process_id: processId });
+    else listening = await bind();
     const { url } = listening;
-    logger.info('sarsen listening', { url, role: opts.serve.role, process_id: processId });
 
     // Every other fault heals by waiting; a missing schema does not (a restart migrates it again).
     const failed = new Promise<string>((resolve) => {
@@ -142,7 +154,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
       (stopping ??= (async () => {
         const grace = settings.current().shutdown_grace_ms;
         // HTTP waiters and the executions they wait on finish together within one grace.
-        listening.close();
+        listening!.close();
         await Promise.all([connections.drain(grace), executor?.stop(grace)]);
         await unwind();
         logger.info('sarsen stopped');
@@ -154,4 +166,13 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
   }
 }
 
-
+/**
+ * What a process answers while it waits for a writable primary: alive (/healthz), not ready
+ * (/readyz 503), its metrics, and 503 with Retry-After to everything else.
+ */
+function waiting(metricsToken: string | null): Express {
+  const refuse = express.Router().use(() => {
+    throw new ServiceError('unavailable', undefined, { retryAfterSeconds: 1 });
+  });
+  return createApp({ ready: async () => false, metricsToken, routers: [refuse] });
+}

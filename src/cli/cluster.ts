@@ -1,5 +1,5 @@
 // `sarsen serve --processes N`: N processes of the chosen role behind one port (node:cluster).
-// The primary migrates once, claims the port, forks the workers, hands them the database and
+// The primary migrates once (when a primary database answers), claims the port, forks the workers, hands them the database and
 // secrets over its IPC channel, relays their log lines and serves nothing itself. Each worker
 // listens on sockets that share the port (SO_REUSEPORT, src/http/listen.ts): the kernel spreads
 // connections over them, and a worker busy with thousands of streams still takes new callers in
@@ -14,7 +14,7 @@ import type { Secrets } from '../config/secrets.ts';
 import type { ConnectionConfig } from '../db/pool.ts';
 import type { OpenDatabase } from './database.ts';
 import { createPool } from '../db/pool.ts';
-import { migrate } from '../db/migrate.ts';
+import { startingPoint, migrateWhenWritable } from '../db/startup.ts';
 import { configureLogging, logger, errorFields, writeStdout, type LogFormat } from '../log.ts';
 import { restartAfter } from '../core/restart-backoff.ts';
 import { memoryLimit, workerExecArgv } from '../core/runtime-flags.ts';
@@ -78,9 +78,11 @@ export async function servePrimary(db: OpenDatabase, opts: ServeOptions, count: 
   configureLogging({ role: opts.role, worker: 'primary' });
   let firstRun = null;
   if (mode.embedded) firstRun = await bootstrapEmbedded(db.conn);
-  else {
+  // Migrating once waits for a writable primary. A standby that already has the schema lets
+  // the workers start meanwhile: each binds, answers /readyz 503 and waits for the primary itself.
+  else if ((await startingPoint(db.conn)) === 'writable') {
     const pool = createPool(db.conn, { max: 2, name: 'sarsen-primary' });
-    await migrate(db.conn, pool).finally(() => pool.end());
+    await migrateWhenWritable(db.conn, pool).finally(() => pool.end());
   }
   // A port that is taken fails here, before any worker starts.
   const { port, url } = await claimPort(opts.port, opts.host);

@@ -8,9 +8,9 @@
 //
 // While only read-only standbys answer (a failover under way), connecting fails with a
 // connection-class error (SQLSTATE 08001): every part of Sarsen already rides that out as it
-// rides out a restart, and /readyz answers 503. Nothing is ever written to a standby.
+// rides out a restart, and /readyz answers 503. Nothing is ever written to a standby. How a
+// process that starts meanwhile waits is in startup.ts.
 import pg from 'pg';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { parseHosts, formatHost, type HostPort } from '../core/hosts.ts';
 import { logger } from '../log.ts';
 
@@ -24,6 +24,9 @@ export class NoWritableHost extends Error {
   override name = 'NoWritableHost';
   readonly code = '08001'; // sqlclient_unable_to_establish_sqlconnection: a connection loss to every caller
 }
+
+/** Logged once while only standbys answer, by a running process and by one starting. */
+export const STANDBYS_ONLY = 'only read-only standbys answer; waiting for a writable primary, writing nothing meanwhile';
 
 type Resolver = { target(): Promise<HostPort>; lost(h: HostPort): void };
 const resolvers = new Map<string, Resolver>();
@@ -48,7 +51,8 @@ function watchStatus(client: pg.Client): Map<string, string> {
   return status;
 }
 
-type Probe = 'writable' | 'read-only' | 'unreachable';
+/** What a host is now; `unreachable` keeps why (a refused password is not an outage). */
+export type Probe = { host: HostPort } & ({ state: 'writable' | 'read-only' } | { state: 'unreachable'; err: unknown });
 
 /** What one host is now. Bounded: a host that accepts a connection and then says nothing counts as unreachable. */
 async function probe(conn: Plain, h: HostPort): Promise<Probe> {
@@ -59,9 +63,9 @@ async function probe(conn: Plain, h: HostPort): Promise<Probe> {
   const timer = setTimeout(cut, PROBE_TIMEOUT_MS);
   try {
     await client.connect();
-    return (await writable(client, status)) ? 'writable' : 'read-only';
-  } catch {
-    return 'unreachable';
+    return { host: h, state: (await writable(client, status)) ? 'writable' : 'read-only' };
+  } catch (err) {
+    return { host: h, state: 'unreachable', err };
   } finally {
     clearTimeout(timer);
     // A goodbye, without waiting on a server that may never answer it.
@@ -79,10 +83,10 @@ function createResolver(conn: Plain, hosts: readonly HostPort[]): Resolver {
 
   const find = (): Promise<HostPort> =>
     new Promise((resolve, reject) => {
-      const results: Probe[] = [];
+      const results: Probe['state'][] = [];
       let settled = false;
       for (const h of hosts) {
-        void probe(conn, h).then((result) => {
+        void probe(conn, h).then(({ state: result }) => {
           results.push(result);
           if (settled) return;
           if (result === 'writable') {
@@ -94,7 +98,7 @@ function createResolver(conn: Plain, hosts: readonly HostPort[]): Resolver {
           const standbys = results.filter((r) => r === 'read-only').length;
           if (standbys > 0 && !waitingLogged) {
             waitingLogged = true;
-            logger.warn('only read-only standbys answer; waiting for a writable primary, writing nothing meanwhile', { hosts: all });
+            logger.warn(STANDBYS_ONLY, { hosts: all });
           }
           reject(new NoWritableHost(standbys > 0 ? `no writable database host: ${all} answer only as read-only standbys` : `no database host answers: ${all}`));
         });
@@ -181,23 +185,9 @@ export function writableClient(conn: Plain): typeof pg.Client | null {
   };
 }
 
-/**
- * Resolves once a writable host answers (at once for a single host: connecting will tell).
- * A process started while a failover is under way waits here instead of exiting.
- */
-export async function waitForWritableHost(conn: Plain): Promise<void> {
-  const hosts = parseHosts(conn.host, conn.port);
-  if (hosts.length === 1) return;
-  const resolver = resolverFor(conn, hosts);
-  for (let delay = 100; ; delay = Math.min(delay * 2, 1000)) {
-    try {
-      await resolver.target();
-      return;
-    } catch (err) {
-      if (!(err instanceof NoWritableHost)) throw err;
-      await sleep(delay);
-    }
-  }
+/** What every host `conn` names is now, each probed afresh, all at once (one host as well as several). */
+export function surveyHosts(conn: Plain): Promise<Probe[]> {
+  return Promise.all(parseHosts(conn.host, conn.port).map((h) => probe(conn, h)));
 }
 
 /** The host a single-host `conn` names, with its own port when it gives one (`host:port`). */

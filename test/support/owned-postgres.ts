@@ -1,6 +1,7 @@
 // A PostgreSQL server a test owns outright, to fault it: embedded PostgreSQL in a temporary
 // directory on a fixed port, which the test can crash (SIGKILL of the postmaster), shut down in
-// fast or immediate mode, and start again on the same port. Durable settings: a crash must not
+// fast or immediate mode, start again on the same port, or turn into the standby of a primary
+// that is gone and be promoted (a failover, seen from the standby). Durable settings: a crash must not
 // take back a commit Sarsen already reported. Never the machine's shared server.
 import fs from 'node:fs';
 import os from 'node:os';
@@ -25,6 +26,13 @@ export type OwnedPostgres = {
   up(): Promise<void>;
   /** A migrated database on this server with the test settings and `settings`. */
   database(name: string, settings?: Partial<Settings>): Promise<TestDatabase>;
+  /**
+   * Restarts the server as a hot standby whose primary is gone: it answers reads, refuses writes
+   * (SQLSTATE 25006) and reports in_hot_standby, until `promote`.
+   */
+  standby(): Promise<void>;
+  /** Promotes the standby (pg_promote): resolves once it takes writes. */
+  promote(): Promise<void>;
   /** Ends every connection to `database` but the caller's (pg_terminate_backend). */
   terminateBackends(database: string): Promise<number>;
   close(): Promise<void>;
@@ -64,15 +72,17 @@ export async function startOwnedPostgres(): Promise<OwnedPostgres> {
     }
   };
 
+  const down = async (kind: Outage): Promise<void> => {
+    const pid = server?.pid;
+    if (!pid) throw new Error('the owned PostgreSQL is not running');
+    process.kill(pid, SIGNAL[kind]);
+    while (alive(pid)) await new Promise((r) => setTimeout(r, 20));
+    server = null;
+  };
+
   return {
     admin: { host: '127.0.0.1', port, user: 'postgres', password, database: 'postgres' },
-    async down(kind) {
-      const pid = server?.pid;
-      if (!pid) throw new Error('the owned PostgreSQL is not running');
-      process.kill(pid, SIGNAL[kind]);
-      while (alive(pid)) await new Promise((r) => setTimeout(r, 20));
-      server = null;
-    },
+    down,
     up,
     async database(name, settings = {}) {
       const admin = { host: '127.0.0.1', port, user: 'postgres', password, database: 'postgres' };
@@ -86,6 +96,26 @@ export async function startOwnedPostgres(): Promise<OwnedPostgres> {
       }
       await writeSettings(conn, settings);
       return { conn, name, drop: async () => {} }; // gone with the server
+    },
+    async standby() {
+      await down('fast');
+      // Standby mode with nothing to replay from: it recovers to its last checkpoint and waits there.
+      const signal = path.join(dir, 'standby.signal');
+      fs.writeFileSync(signal, '');
+      const { uid, gid } = fs.statSync(dir);
+      fs.chownSync(signal, uid, gid);
+      await up();
+    },
+    async promote() {
+      const client = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password, database: 'postgres' });
+      client.on('error', () => undefined);
+      await client.connect();
+      try {
+        const { rows } = await client.query<{ done: boolean }>('SELECT pg_promote(true, 60) AS done');
+        if (!rows[0]?.done) throw new Error('the standby was not promoted within 60 s');
+      } finally {
+        await client.end();
+      }
     },
     async terminateBackends(database) {
       const client = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password, database: 'postgres' });
