@@ -4,7 +4,7 @@
 // hand-back) is attempt-runner.ts's.
 import type { Settings } from '../config/settings.ts';
 import type { BaseDeps } from '../deps.ts';
-import type { Attempt, AttemptEnd, Tokens } from '../db/attempts.ts';
+import type { Attempt, AttemptEnd, Tokens, Traffic } from '../db/attempts.ts';
 import type { Answer } from '../db/requests.ts';
 import type { BackendForCall } from '../db/backends.ts';
 import { openBackendCredential } from '../control/backends.ts';
@@ -16,6 +16,9 @@ import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.t
 import { errorBody } from '../core/errors.ts';
 import { createCommitBacklog } from '../core/commit-backlog.ts';
 import { cancelledAnswer } from '../db/cancel.ts';
+import { recordProviderResponseId } from '../db/background.ts';
+import { retryTransient } from '../db/pool.ts';
+import { upstreamBody, answerResponseId, frameResponseId } from '../core/background.ts';
 import type { ChunkWriter } from './chunk-writer.ts';
 import { TransportError, describeTransportError, type Sent, type Upstream, type UpstreamResponse } from './upstream.ts';
 import { logger } from '../log.ts';
@@ -31,8 +34,6 @@ const MAX_UNCOMMITTED = 1024;
 
 export type ExecutorDeps = BaseDeps & { upstream: Upstream; chunks: ChunkWriter };
 
-/** Whether the attempt reached a provider (a connection carried it), and the bytes both ways. */
-type Traffic = { reached: boolean; sentBytes: number; receivedBytes: number };
 /** What a streamed attempt stored: its frames' bytes and the sequence number of its last frame. */
 export type StoredFrames = { bytes: number; lastSeq: number };
 
@@ -72,6 +73,23 @@ export class StoreFailed extends Error {
   constructor(cause: unknown) {
     super('storing a stream frame failed', { cause });
   }
+}
+
+// How many frames of a Responses stream are looked at for the provider's response id (the
+// vendor's first event, response.created, carries it).
+const ID_FRAMES = 8;
+
+/**
+ * Records the provider's response id of a Responses attempt (docs/api.md "Background
+ * responses"), before what carries it is stored, so every id a caller sees can be retrieved.
+ * A database that stays away costs only the lookup by that id, never the attempt.
+ */
+async function noteResponseId(deps: ExecutorDeps, attempt: Attempt, providerId: string | null, settings: Settings): Promise<void> {
+  if (providerId === null) return;
+  const row = { namespaceId: attempt.namespaceId, providerId, requestId: attempt.id, attempt: attempt.attempt };
+  await retryTransient(() => recordProviderResponseId(deps.pool, row), settings.lease_ms).catch((err: unknown) => {
+    logger.warn('provider response id not recorded', { request_id: attempt.id, attempt: attempt.attempt, reason: err instanceof Error ? err.message : String(err) });
+  });
 }
 
 const NO_TRAFFIC: Traffic = { reached: false, sentBytes: 0, receivedBytes: 0 };
@@ -156,7 +174,8 @@ export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings:
         credential: attemptCredential(deps, attempt, attempt.backend),
         forwarded: attempt.forwardedHeaders,
         hops: attempt.hops,
-        body: attempt.body,
+        // Sarsen performs background mode itself: the provider never sees `background`.
+        body: attempt.dialect === 'responses' ? upstreamBody(attempt.body) : attempt.body,
         streaming: attempt.streaming,
         signal,
         sent,
@@ -188,6 +207,7 @@ export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings:
   const moved = traffic(sent, body.length);
   if (TRACING) trace(attempt.id, 'provider_done');
   if (success) {
+    if (attempt.dialect === 'responses') await noteResponseId(deps, attempt, answerResponseId(body), settings);
     const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType, body, errorStatus: null, retryAfter: null };
     return { kind: 'succeeded', answer, tokens: tokensFromAnswer(attempt.dialect, body), frames: null, cacheable: true, end: ended(res.status), ...moved };
   }
@@ -241,13 +261,26 @@ async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Setting
       (err) => backlog.settled(rows.length, new StoreFailed(err)),
     );
   };
+  // A Responses stream's provider id is recorded before the frame carrying it is stored.
+  let idFrames = attempt.dialect === 'responses' ? ID_FRAMES : 0;
+  const withId = async (frames: Buffer[]): Promise<Buffer[]> => {
+    for (let i = 0; idFrames > 0 && i < frames.length; i++, idFrames--) {
+      const id = frameResponseId(frames[i]!);
+      if (id !== null) {
+        idFrames = 0;
+        await noteResponseId(deps, attempt, id, settings);
+      }
+    }
+    return frames;
+  };
   try {
     for await (const chunk of res.body) {
       received += chunk.length;
-      store(framer.push(chunk));
+      const frames = framer.push(chunk);
+      store(idFrames > 0 ? await withId(frames) : frames);
       if (backlog.full()) await backlog.drained();
     }
-    store(framer.end());
+    store(await withId(framer.end()));
     if (TRACING) trace(attempt.id, 'provider_done');
     const storeFailure = await backlog.allSettled();
     if (storeFailure) throw storeFailure;

@@ -351,6 +351,11 @@ function defaultBehavior(ctx: Ctx, b: Extract<Behavior, { kind: 'default' }>): P
   const headers: Record<string, string> = { [dialect === 'messages' ? 'request-id' : 'x-request-id']: `req_fake_${entry.seq}` };
   const responses: ResponsesOptions = { id: `resp_fake_${entry.seq}`, messageId: `msg_fake_${entry.seq}`, model, inputTokens: ans.promptTokens, outputTokens: ans.completionTokens };
   const respond = (): Promise<void> | void => {
+    // The vendor's own background mode: a queued placeholder at once (the answer stays at the
+    // vendor). Sarsen never sends `background` (docs/api.md "Background responses").
+    if (dialect === 'responses' && json.background === true && json.stream !== true) {
+      return sendJson(res, 200, { ...responseObject(responses, 'queued', [], null), background: true }, headers);
+    }
     if (json.stream !== true) {
       const body = dialect === 'chat'
         ? chatCompletionBody(ans.text, { id: `chatcmpl-fake-${entry.seq}`, model, promptTokens: ans.promptTokens, completionTokens: ans.completionTokens })

@@ -13,6 +13,7 @@ import { exportRoute } from './export.ts';
 import { cancelHandler } from './cancel.ts';
 import { noteSubmission } from '../observe.ts';
 import { trackStream } from '../../metrics/metrics.ts';
+import { backgroundField, answerBackground, backgroundRoutes } from './background.ts';
 
 const BASE = '/:tenancy/:namespace/v1';
 // Names the request whose stored answer the response cache served (docs/api.md "Response cache").
@@ -20,9 +21,14 @@ const CACHED_FROM_HEADER = 'x-sarsen-cached-from';
 
 async function synchronous(deps: Deps, req: Request, res: Response, dialect: Dialect): Promise<void> {
   const auth = serviceAuthOf(res);
+  // Sarsen acts on one body field, the Responses `background` (docs/api.md "Background responses").
+  const background = dialect === 'responses' ? backgroundField(req) : null;
   // Accepted (and, in a process that also executes, claimed and running: see server.ts).
   const accepted = await acceptSubmission(deps, req, auth, dialect, { fireAndForget: false });
   noteSubmission(res, accepted);
+  // In the background without a stream: the Response as it stands, at once. With a stream, the
+  // events, as for any stream (the caller may leave at any point).
+  if (background?.() === true && !accepted.streaming) return answerBackground(deps, res, accepted);
   const hold = deps.settings.current().synchronous_hold_ms;
   const watched = { id: accepted.requestId, namespaceId: auth.namespaceId, streaming: accepted.streaming };
   // A request this submission started has nothing stored yet: its watch reads nothing until
@@ -56,6 +62,8 @@ export function serviceRouter(deps: Deps): Router {
   exportRoute(deps, router, keyScope(deps, BASE));
 
   router.post(`${BASE}/requests/:id/cancel`, use, (req, res) => cancelHandler(deps, req, res, serviceAuthOf(res).namespaceId));
+
+  backgroundRoutes(deps, router, BASE, use);
 
   router.get(`${BASE}/requests/:id`, use, (req, res) => readRequest(deps, req, res, serviceAuthOf(res).namespaceId));
 

@@ -1,0 +1,119 @@
+// The SQL of background responses (docs/api.md "Background responses"): the provider's response
+// ids the executor records, the one read a retrieve costs, and deleting one record's payload.
+import type { Pool } from './pool.ts';
+import { prepared } from './pool.ts';
+import { RETIRED } from './partitions.ts';
+import { addToRollup, shard } from './counters.ts';
+import type { RequestStatus } from './requests.ts';
+
+type Db = Pick<Pool, 'query'>;
+
+const RECORD_ID = prepared(
+  'sarsen_record_provider_response_id',
+  `INSERT INTO sarsen.provider_response_ids (namespace_id, provider_id, request_id, attempt) VALUES ($1, $2, $3, $4)
+   ON CONFLICT DO NOTHING`,
+);
+
+/** Notes that an attempt's provider response has this id; committed before the attempt stores what carries it. */
+export async function recordProviderResponseId(db: Db, r: { namespaceId: string; providerId: string; requestId: string; attempt: number }): Promise<void> {
+  await db.query(RECORD_ID([r.namespaceId, r.providerId, r.requestId, r.attempt]));
+}
+
+export type ResponseRow = {
+  id: string;
+  status: RequestStatus;
+  streaming: boolean;
+  dialect: string;
+  model: string;
+  attempts: number;
+  stream_first_seq: number | null;
+  cancel_requested: boolean;
+  expired: boolean;
+  error_status: number | null;
+  /** The attempt whose provider response had the id asked for; null when it was Sarsen's id. */
+  named_attempt: number | null;
+  response_body: Buffer | null;
+  /** The stored request body: while it runs, or when asked for. */
+  body: string | null;
+  /** The last stored row of a succeeded stream's frames (its terminal event is in it). */
+  last_frames: Buffer | null;
+  last_frame_lengths: number[] | null;
+};
+
+// One statement whatever the state: an id is Sarsen's or, failing that, a provider's of this
+// namespace (its newest request, then that request's newest attempt).
+const READ = prepared(
+  'sarsen_read_background_response',
+  `WITH named AS (
+     SELECT request_id, attempt FROM sarsen.provider_response_ids
+      WHERE namespace_id = $2 AND provider_id = $1 AND $1 NOT LIKE 'req\\_%'
+      ORDER BY request_id DESC, attempt DESC LIMIT 1
+   )
+   SELECT q.id, q.status, q.streaming, q.dialect, q.model, q.attempts, q.stream_first_seq, q.cancel_requested,
+          q.expired OR q.id < ${RETIRED} AS expired, q.error_status, (SELECT attempt FROM named) AS named_attempt,
+          r.body AS response_body,
+          CASE WHEN $3 OR q.status NOT IN ('succeeded', 'failed') THEN b.body END AS body,
+          last.frames AS last_frames, last.frame_lengths AS last_frame_lengths
+     FROM sarsen.requests q
+     LEFT JOIN sarsen.responses r ON r.request_id = q.id
+     LEFT JOIN sarsen.request_bodies b ON b.request_id = q.id
+     LEFT JOIN LATERAL (
+       SELECT c.frames, c.frame_lengths FROM sarsen.chunks c
+        WHERE c.request_id = q.id AND q.streaming AND q.status = 'succeeded'
+        ORDER BY c.last_seq DESC LIMIT 1
+     ) last ON true
+    WHERE q.id = coalesce((SELECT request_id FROM named), $1) AND q.namespace_id = $2`,
+);
+
+/** The request a response id names in this namespace (Sarsen's id or a provider's), or null. */
+export async function readResponse(db: Db, namespaceId: string, id: string, opts: { body: boolean }): Promise<ResponseRow | null> {
+  const { rows } = await db.query<ResponseRow>(READ([id, namespaceId, opts.body]));
+  return rows[0] ?? null;
+}
+
+/** The frames of a stored row, in order. */
+export function unpackFrames(frames: Buffer, lengths: number[] | null): Buffer[] {
+  const out: Buffer[] = [];
+  let at = 0;
+  for (const length of lengths ?? [frames.length]) {
+    out.push(frames.subarray(at, at + length));
+    at += length;
+  }
+  return out;
+}
+
+// The retention sweep's statement (src/db/retention.ts) for one finished record, whatever its
+// age: the body, answer, frames and claim go, the metadata and the accounting stay.
+const FORGET = `
+WITH victims AS (
+  SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
+   WHERE id = $1 AND namespace_id = $2 AND NOT expired AND status IN ('succeeded', 'failed')
+   FOR UPDATE
+), bodies AS (
+  DELETE FROM sarsen.request_bodies WHERE request_id IN (SELECT id FROM victims) RETURNING 1
+), answers AS (
+  DELETE FROM sarsen.responses WHERE request_id IN (SELECT id FROM victims) RETURNING 1
+), frames AS (
+  DELETE FROM sarsen.chunks WHERE request_id IN (SELECT id FROM victims) RETURNING 1
+), claims AS (
+  DELETE FROM sarsen.idempotency_claims WHERE request_id IN (SELECT id FROM victims) RETURNING 1
+), marked AS (
+  UPDATE sarsen.requests q SET expired = true, attempt_log = '[]', request_bytes = 0, response_bytes = 0, chunk_bytes = 0
+    FROM victims v WHERE q.id = v.id
+  RETURNING v.namespace_id, v.request_bytes, v.response_bytes, v.chunk_bytes
+), unstored AS (
+  ${addToRollup(
+    ['request_bytes', 'response_bytes', 'chunk_bytes'],
+    `SELECT namespace_id, -sum(request_bytes) AS request_bytes, -sum(response_bytes) AS response_bytes, -sum(chunk_bytes) AS chunk_bytes
+       FROM marked GROUP BY namespace_id`,
+    '$3',
+  )}
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM marked)::int AS swept`;
+
+/** Sweeps one finished record of this namespace now (DELETE .../responses/{id}); false when there was nothing to sweep. */
+export async function forgetResponse(db: Db, namespaceId: string, requestId: string): Promise<boolean> {
+  const { rows } = await db.query<{ swept: number }>(FORGET, [requestId, namespaceId, shard()]);
+  return rows[0]!.swept === 1;
+}

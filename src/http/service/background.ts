@@ -1,0 +1,275 @@
+// Background responses (docs/api.md "Background responses"): the reference vendor's background
+// mode, performed by Sarsen for every Responses backend. Create answers at once; retrieve,
+// resume, cancel, delete and input items read what Sarsen stored, by Sarsen's request id or by
+// the provider's `resp_...` id. Errors on these routes are the vendor's error shape, so its SDK
+// raises its own classes.
+import type { Request, Response, Router, RequestHandler } from 'express';
+import type { Deps } from '../../deps.ts';
+import { ServiceError } from '../../core/errors.ts';
+import { parseCanonical, isJsonObject, type JsonObject } from '../../core/canonical-json.ts';
+import { idTime } from '../../core/ids.ts';
+import {
+  responseObject, responseError, terminalResponse, errorEvent, vendorErrorBody, inputItems, frameSequence, type ResponseStatus,
+} from '../../core/background.ts';
+import { readResponse, forgetResponse, unpackFrames, type ResponseRow } from '../../db/background.ts';
+import { cancelRequest } from '../../db/cancel.ts';
+import { isTerminal } from '../../db/requests.ts';
+import { watch } from './watch.ts';
+import { callerLeft, send } from './streams.ts';
+import { serviceAuthOf } from '../service-auth.ts';
+import { observedOf } from '../observe.ts';
+import type { AcceptedSubmission } from './submit.ts';
+import { trackStream } from '../../metrics/metrics.ts';
+
+const KEEP_ALIVE_MS = 15_000;
+const SSE_HEADERS = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' };
+// How long a cancel waits for the running attempt to stop, so it can answer `cancelled`.
+const CANCEL_WAIT_MS = 10_000;
+const SUPERSEDED_MESSAGE =
+  'The worker producing this response died and another attempt took it over; the events after starting_after belonged to the discarded attempt. ' +
+  'Retrieve the stream again without starting_after to read the new attempt from its first event.';
+
+/**
+ * Watches a POST /responses body for `"background": true` while the submission reads it (both
+ * listen to the same data events), so the route can tell without reading the body twice.
+ * Call before acceptSubmission, in the same turn.
+ */
+export function backgroundField(req: Request): () => boolean {
+  const chunks: Buffer[] = [];
+  const onData = (chunk: Buffer) => chunks.push(chunk);
+  req.on('data', onData);
+  return () => {
+    req.off('data', onData);
+    const text = Buffer.concat(chunks).toString('utf8');
+    chunks.length = 0;
+    if (!text.includes('"background"')) return false;
+    try {
+      return (JSON.parse(text) as { background?: unknown })?.background === true;
+    } catch {
+      return false;
+    }
+  };
+}
+
+/** The stored body, parsed (numbers keep their spelling), or null. */
+function storedBody(row: ResponseRow): JsonObject | null {
+  if (row.body === null) return null;
+  try {
+    const { value } = parseCanonical(row.body);
+    return isJsonObject(value) ? value : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The Response a request's state shows, as JSON text (the provider's own once it has one). */
+function renderResponse(row: ResponseRow, askedId: string): string {
+  const body = storedBody(row);
+  const own = (status: ResponseStatus, error: { code: string; message: string } | null = null) =>
+    responseObject({ id: askedId, createdAtMs: idTime(row.id), status, model: row.model, body, background: body?.background === true, error });
+  switch (row.status) {
+    case 'pending':
+      return own('queued');
+    case 'running':
+      return own('in_progress');
+    case 'succeeded': {
+      if (!row.streaming) return row.response_body!.toString('utf8');
+      // A stream: its terminal event's `response`, byte for byte.
+      const frames = row.last_frames ? unpackFrames(row.last_frames, row.last_frame_lengths) : [];
+      for (let i = frames.length - 1; i >= 0; i--) {
+        const response = terminalResponse(frames[i]!.toString('utf8'));
+        if (response !== null) return response;
+      }
+      return own('incomplete');
+    }
+    case 'failed': {
+      const stored = row.response_body ?? Buffer.alloc(0);
+      const error = responseError(stored, row.error_status);
+      return row.cancel_requested && error.code === 'cancelled' ? own('cancelled') : own('failed', error);
+    }
+  }
+}
+
+/** The request a response id names in the caller's namespace; 404 or 410 otherwise. */
+async function found(deps: Deps, res: Response, id: string, body: boolean): Promise<ResponseRow> {
+  const row = await readResponse(deps.pool, serviceAuthOf(res).namespaceId, id, { body });
+  if (!row || row.dialect !== 'responses') throw new ServiceError('not_found', `No response with id ${JSON.stringify(id.slice(0, 100))} in this namespace.`);
+  if (row.expired) throw new ServiceError('record_expired', 'The response ran, but its stored body and answer were removed (deleted, or swept by retention).');
+  return row;
+}
+
+const sendJson = (res: Response, text: string): void => {
+  res.status(200).set('content-type', 'application/json').send(text);
+};
+
+/** POST /responses with background and no stream: the Response as it stands, at once. */
+export async function answerBackground(deps: Deps, res: Response, accepted: AcceptedSubmission): Promise<void> {
+  const row = await found(deps, res, accepted.requestId, false);
+  sendJson(res, renderResponse(row, accepted.requestId));
+}
+
+/** A non-negative integer query parameter, or null when absent. */
+function integerParam(req: Request, name: string): number | null {
+  const v = req.query[name];
+  if (v === undefined) return null;
+  if (typeof v !== 'string' || !/^\d{1,15}$/.test(v)) throw new ServiceError('bad_request', `\`${name}\` must be a non-negative integer.`);
+  return Number(v);
+}
+
+async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> {
+  const id = String(req.params.id);
+  const streaming = req.query.stream === 'true';
+  const startingAfter = integerParam(req, 'starting_after');
+  if (startingAfter !== null && !streaming) throw new ServiceError('bad_request', '`starting_after` needs `stream=true`.');
+  const row = await found(deps, res, id, !streaming);
+  if (!streaming) return sendJson(res, renderResponse(row, id));
+  if (!row.streaming) throw new ServiceError('bad_request', 'This response was not created with `stream: true`; retrieve it without `stream`.');
+  await trackStream('replay', () => resume(deps, res, row, startingAfter));
+}
+
+/**
+ * The stored events after `startingAfter` byte for byte, then the live tail (docs/api.md
+ * "Resuming a stream"). A position is the provider's `sequence_number`, or where the provider
+ * numbers none, the event's place in its attempt counted from 0. A position is one attempt's:
+ * when that attempt was discarded, the reader gets the dialect's `error` event instead.
+ */
+async function resume(deps: Deps, res: Response, row: ResponseRow, startingAfter: number | null): Promise<void> {
+  const left = callerLeft(res);
+  res.writeHead(200, SSE_HEADERS);
+  res.flushHeaders();
+  // The attempt the reader followed: the provider's id names it; Sarsen's id cannot tell once an
+  // earlier attempt's events were discarded.
+  let expected: number | null = null;
+  if (startingAfter !== null) {
+    const discarded = row.named_attempt !== null
+      ? row.named_attempt !== row.attempts || row.status === 'pending'
+      : (row.stream_first_seq ?? 1) > 1;
+    if (discarded) return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, startingAfter + 1));
+    expected = row.named_attempt;
+  }
+  let firstSeq = 0;
+  let skipping = startingAfter !== null;
+  let last = startingAfter ?? -1;
+  let lastWrite = performance.now();
+  const request = { id: row.id, namespaceId: serviceAuthOf(res).namespaceId, streaming: true };
+  for await (const ev of watch(deps, request, { afterSeq: 0, idleMs: KEEP_ALIVE_MS, signal: left })) {
+    if (ev.type === 'frames') {
+      const frames = ev.frames;
+      for (const f of frames) {
+        if (expected === null || firstSeq === 0) {
+          expected ??= f.attempt;
+          firstSeq = f.seq;
+        }
+        if (f.attempt !== expected) return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1));
+        const text = typeof f.frame === 'string' ? f.frame : f.frame.toString('latin1');
+        const position = frameSequence(text) ?? f.seq - firstSeq;
+        if (skipping && position <= startingAfter!) continue;
+        skipping = false;
+        last = position;
+        await send(res, typeof f.frame === 'string' ? Buffer.from(f.frame, 'latin1') : f.frame);
+      }
+      lastWrite = performance.now();
+    } else if (ev.type === 'idle') {
+      if (performance.now() - lastWrite >= KEEP_ALIVE_MS) {
+        lastWrite = performance.now();
+        await send(res, ': keep-alive\n\n');
+      }
+    } else if (ev.type === 'superseded') {
+      return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1));
+    } else {
+      // The provider's own failure events are frames; what ends here failed on Sarsen's side
+      // (a transport failure, a cancel): told as the dialect's error event.
+      if (ev.answer.status === 'failed') {
+        const body = Buffer.isBuffer(ev.answer.body) ? ev.answer.body : Buffer.alloc(0);
+        const error = responseError(body, ev.answer.errorStatus);
+        return end(res, left, errorEvent(error.code, error.message, last + 1));
+      }
+      break;
+    }
+  }
+  end(res, left);
+}
+
+function end(res: Response, left: AbortSignal, last?: string): void {
+  if (left.aborted) {
+    res.destroy();
+    return;
+  }
+  if (last !== undefined) res.write(last);
+  res.end();
+}
+
+async function cancel(deps: Deps, req: Request, res: Response): Promise<void> {
+  const id = String(req.params.id);
+  const namespaceId = serviceAuthOf(res).namespaceId;
+  let row = await found(deps, res, id, true);
+  // An ended response answers as it stands (the vendor's own answer for one that ended).
+  if (!isTerminal(row.status)) {
+    const done = await cancelRequest(deps.pool, namespaceId, row.id, { metering: deps.settings.current().metering_enabled, origin: deps.processId });
+    if (done?.kind === 'cancelling') deps.bus.publishRequest({ type: 'cancel', requestId: row.id });
+    if (done?.kind === 'cancelled' && done.answer) deps.bus.publishRequest({ type: 'state', requestId: row.id, status: 'failed', answer: done.answer });
+    if (done?.kind === 'cancelling') {
+      // Wait (bounded) for the attempt to stop, so the answer says `cancelled`; a provider that
+      // finished first wins, and the answer then says so.
+      const left = callerLeft(res);
+      const signal = AbortSignal.any([left, AbortSignal.timeout(CANCEL_WAIT_MS)]);
+      for await (const ev of watch(deps, { id: row.id, namespaceId, streaming: false }, { afterSeq: 0, idleMs: 1000, signal })) {
+        if (ev.type === 'end') break;
+      }
+    }
+    row = await found(deps, res, id, true);
+  }
+  sendJson(res, renderResponse(row, id));
+}
+
+async function remove(deps: Deps, req: Request, res: Response): Promise<void> {
+  const id = String(req.params.id);
+  const row = await found(deps, res, id, false);
+  if (!isTerminal(row.status)) throw new ServiceError('conflict', 'The response is still running: cancel it, or wait for it to end, before deleting it.');
+  await forgetResponse(deps.pool, serviceAuthOf(res).namespaceId, row.id);
+  sendJson(res, JSON.stringify({ id, object: 'response', deleted: true }));
+}
+
+async function listInputItems(deps: Deps, req: Request, res: Response): Promise<void> {
+  const id = String(req.params.id);
+  const limit = integerParam(req, 'limit') ?? 20;
+  if (limit < 1 || limit > 100) throw new ServiceError('bad_request', '`limit` must be between 1 and 100.');
+  const order = req.query.order ?? 'desc';
+  if (order !== 'asc' && order !== 'desc') throw new ServiceError('bad_request', '`order` must be `asc` or `desc`.');
+  const after = req.query.after;
+  if (after !== undefined && typeof after !== 'string') throw new ServiceError('bad_request', '`after` must be an item id.');
+  const row = await found(deps, res, id, true);
+  const body = storedBody(row);
+  let items = body ? inputItems(body, row.id) : [];
+  if (order === 'desc') items = items.reverse();
+  if (after !== undefined) {
+    const at = items.findIndex((item) => item.id === after);
+    if (at === -1) throw new ServiceError('bad_request', `No input item ${JSON.stringify(after.slice(0, 100))} in this response.`);
+    items = items.slice(at + 1);
+  }
+  const page = items.slice(0, limit);
+  sendJson(res, JSON.stringify({
+    object: 'list', data: page, first_id: (page[0]?.id as string | undefined) ?? null, last_id: (page.at(-1)?.id as string | undefined) ?? null, has_more: items.length > limit,
+  }));
+}
+
+/** Answers a ServiceError of these routes in the vendor's error shape (docs/api.md "Errors"). */
+function vendorErrors(handler: (deps: Deps, req: Request, res: Response) => Promise<void>, deps: Deps): RequestHandler {
+  return async (req, res, next) => {
+    try {
+      await handler(deps, req, res);
+    } catch (err) {
+      if (!(err instanceof ServiceError) || res.headersSent) return next(err);
+      observedOf(res).errorCode = err.code;
+      res.status(err.status).set('content-type', 'application/json').send(vendorErrorBody(err.code, err.status, err.message));
+    }
+  };
+}
+
+/** The routes beside POST /responses (docs/api.md "Background responses"). */
+export function backgroundRoutes(deps: Deps, router: Router, base: string, use: RequestHandler): void {
+  router.get(`${base}/responses/:id`, use, vendorErrors(retrieve, deps));
+  router.post(`${base}/responses/:id/cancel`, use, vendorErrors(cancel, deps));
+  router.delete(`${base}/responses/:id`, use, vendorErrors(remove, deps));
+  router.get(`${base}/responses/:id/input_items`, use, vendorErrors(listInputItems, deps));
+}
