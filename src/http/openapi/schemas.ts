@@ -261,3 +261,24 @@ export const cancelling = z.object({ request_id: id('req'), status: z.literal('r
 /** A provider-dialect body: passed upstream as sent (canonicalised), never validated beyond `model`. */
 export const providerBody = z.looseObject({ model: z.string(), stream: z.boolean().optional() });
 export const providerAnswer = z.record(z.string(), z.unknown()).describe("the provider's own answer, byte for byte");
+
+// Background responses (docs/api.md "Background responses"): the reference vendor's shapes.
+/** A Response object: the provider's own once the response ended, Sarsen's (these fields, the request's settings echoed) before. */
+export const responseObject = z.looseObject({
+  id: z.string(),
+  object: z.literal('response'),
+  created_at: z.number().int(),
+  status: z.enum(['queued', 'in_progress', 'completed', 'failed', 'cancelled', 'incomplete']),
+  background: z.boolean().optional(),
+  model: z.string(),
+  output: z.array(z.unknown()),
+  error: z.object({ code: z.string(), message: z.string() }).nullable(),
+}).describe("a Response in the vendor's shape; once ended, the provider's final response byte for byte");
+export const responseDeleted = z.object({ id: z.string(), object: z.literal('response'), deleted: z.literal(true) });
+export const inputItemList = z.object({
+  object: z.literal('list'),
+  data: z.array(z.looseObject({ id: z.string(), type: z.string() })),
+  first_id: z.string().nullable(),
+  last_id: z.string().nullable(),
+  has_more: z.boolean(),
+});
