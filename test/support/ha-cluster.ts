@@ -27,6 +27,10 @@ export type HaCluster = {
   restart(node: HaNode): void;
   /** Resolves at the moment `node` takes writes (promoted, no longer read-only). */
   writable(node: HaNode, timeoutMs?: number): Promise<number>;
+  /** Stops the monitor: nothing promotes a standby until `startMonitor` (a failover held in its middle). */
+  stopMonitor(): Promise<void>;
+  /** Starts the monitor again; it promotes the standby of a primary it finds gone. */
+  startMonitor(): Promise<void>;
   /** pg_autoctl perform switchover: the secondary becomes primary, the primary secondary. */
   switchover(): Promise<void>;
   stop(): Promise<void>;
@@ -98,6 +102,7 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
     return keeper;
   };
   const monitorPort = await freePort();
+  let monitorKeeper: SarsenChild | null = null;
   const ports = [await freePort(), await freePort()];
   const monitorData = path.join(dir, 'monitor');
   const nodes: HaNode[] = ports.map((port, i) => ({ name: `node_${i + 1}`, port, pgdata: path.join(dir, `node${i + 1}`), keeper: null }));
@@ -134,7 +139,7 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
   try {
     const common = ['--hostname', '127.0.0.1', '--auth', 'trust', '--no-ssl', '--listen', '127.0.0.1'];
     autoctl(['create', 'monitor', '--pgdata', monitorData, '--pgport', String(monitorPort), ...common]);
-    run(monitorData);
+    monitorKeeper = run(monitorData);
     await until('monitor up', 30_000, async () => (await query(monitorPort, 'pg_auto_failover', 'SELECT 1')).length > 0 || undefined);
     // Notice a node gone within about two seconds; promote five seconds after (the keeper of a
     // cut-off primary demotes itself after three: see network_partition_timeout below).
@@ -145,6 +150,8 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
       ['health_check_retry_delay', 500],
       ['node_considered_unhealthy_timeout', 2000],
       ['primary_demote_timeout', 5000],
+      // After the monitor (re)starts, it judges nodes' health this soon (default 10 s).
+      ['startup_grace_period', 1000],
     ];
     for (const [name, value] of tuning) await query(monitorPort, 'pg_auto_failover', `ALTER SYSTEM SET pgautofailover.${name} = ${value}`);
     await query(monitorPort, 'pg_auto_failover', 'SELECT pg_reload_conf()');
@@ -201,6 +208,17 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
       } catch (err) {
         throw new Error(`${(err as Error).message}; ${await describe()}`);
       }
+    },
+    async stopMonitor() {
+      const keeper = monitorKeeper;
+      if (!keeper) throw new Error('the monitor is not running');
+      autoctl(['stop', '--pgdata', monitorData]);
+      await keeper.exited;
+      monitorKeeper = null;
+    },
+    async startMonitor() {
+      monitorKeeper = run(monitorData);
+      await until('monitor up again', 30_000, async () => (await query(monitorPort, 'pg_auto_failover', 'SELECT 1')).length > 0 || undefined);
     },
     async switchover() {
       // (Not execFileSync: the load runs on this event loop meanwhile.)
