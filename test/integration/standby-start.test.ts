@@ -112,4 +112,30 @@ describe('a process started while only a standby answers', function () {
     expect(record.status).to.equal('succeeded');
     for (const p of [api, executor, bare]) expect(p.child.exitCode, p.output().slice(-2000)).to.equal(null);
   });
+
+  it('with no host answering at all, waits unbound and says so once', async () => {
+    const nowhere = spawnSarsen(['--port', '0', '--host', '127.0.0.1'], sarsenEnv({ ...db.conn, host: `127.0.0.1:${await closedPort()}` }, secrets.dir));
+    children.push(nowhere);
+    await nowhere.waitFor(/"message":"no database host answers; waiting for one"/, 60_000);
+    // Past a few more looks (at most a second apart), still one line, still unbound.
+    await new Promise((r) => setTimeout(r, 3000));
+    expect(nowhere.output().match(/no database host answers/g)).to.have.length(1);
+    expect(nowhere.output()).not.to.match(/"message":"sarsen listening"/);
+    expect(nowhere.child.exitCode).to.equal(null);
+  });
+
+  it('refused by a server that answers (a wrong password), exits 1 with the reason instead of waiting', async () => {
+    const wrong = makeSecretsDir({ ...db.conn, password: 'not-the-password' });
+    try {
+      const refused = spawnSarsen(['--port', '0', '--host', '127.0.0.1'], sarsenEnv(db.conn, wrong.dir));
+      children.push(refused);
+      const stillWaiting = new Promise<{ code: string }>((resolve) => setTimeout(() => resolve({ code: 'still running after 30 s' }), 30_000).unref());
+      const { code } = await Promise.race([refused.exited, stillWaiting]);
+      expect(code, refused.output().slice(-2000)).to.equal(1);
+      expect(refused.output()).to.match(/password authentication failed/);
+      expect(refused.output()).not.to.match(/waiting/);
+    } finally {
+      wrong.remove();
+    }
+  });
 });
