@@ -20,6 +20,7 @@ const DIALECT_OF_PATH: Record<string, string> = { '/v1/chat/completions': 'chat'
 const EXPECTED: Record<string, string[]> = {
   'openai-chat': ['/v1/chat/completions', '/v1/chat/completions'],
   'openai-responses': ['/v1/responses', '/v1/responses'],
+  'openai-background': ['/v1/responses', '/v1/responses'],
   anthropic: ['/v1/messages', '/v1/messages'],
   'ai-sdk-openai': ['/v1/responses', '/v1/responses', '/v1/chat/completions'],
   'ai-sdk-anthropic': ['/v1/messages', '/v1/messages'],
