@@ -1,89 +1,79 @@
-// The `sarsen` command. With no sub-command it serves (`sarsen serve`).
-import { readEnvironment, parseCommandLine, ConfigError } from './config/config.ts';
-import { SettingError } from './config/settings.ts';
-import { openDatabase } from './cli/database.ts';
+// The `sarsen` command: reads the command line against the table of commands
+// (src/cli/commands.ts) and runs the one it names. With none it serves (`sarsen serve`).
 import cluster from 'node:cluster';
-import { serve } from './cli/serve.ts';
-import { processCount, servePrimary, serveWorker } from './cli/cluster.ts';
-import { settingsCommand } from './cli/settings.ts';
-import { tenancyCommand } from './cli/tenancy.ts';
-import { billingCommand } from './cli/billing.ts';
-import { applyCommand } from './cli/apply.ts';
-import { batchCommand } from './cli/batch.ts';
-import { exportCommand } from './cli/export.ts';
-import { createPool } from './db/pool.ts';
-import { migrate } from './db/migrate.ts';
+import { readEnvironment, serveOptions, ConfigError, type Environment } from './config/config.ts';
+import { COMMANDS, helpFor, parseInvocation } from './cli/commands.ts';
+import type { OpenDatabase } from './cli/database.ts';
+import type { FlagValues } from './core/flags.ts';
+import type { BATCH_FLAGS } from './cli/batch.ts';
+import type { EXPORT_FLAGS } from './cli/export.ts';
 import { logger, errorFields, configureLogging, writeStdout } from './log.ts';
-import { openApiDocument } from './http/openapi/document.ts';
-import { EmbeddedError } from './db/embedded.ts';
-
-const USAGE = `usage:
-  sarsen [serve] [--role api|executor|both] [--credential-passthrough] [--port N] [--host H]
-        [--processes N]   (processes behind one port; default: one per core, 1 on embedded PostgreSQL)
-        [--executor-concurrency N] [--database-connections N]
-  sarsen migrate
-  sarsen openapi                          (prints the OpenAPI 3.1 document)
-  sarsen settings get [NAME]
-  sarsen settings set NAME VALUE
-  sarsen tenancy create SLUG --owner EMAIL
-  sarsen apply FILE [--prune] [--dry-run]  (namespaces, backends, routing rules, API keys as code)
-  sarsen credit grant TENANCY MICRO_CREDITS
-  sarsen prices set MODEL PROMPT_PER_MTOK COMPLETION_PER_MTOK   (micro-credits per million tokens)
-  sarsen batch run INPUT.jsonl --base-url URL --key-file FILE --out RESULTS.jsonl
-        [--dialect chat|messages|responses] [--concurrency N] [--skip-invalid]   (an HTTP client: no database)
-  sarsen export --tenancy T --namespace N --out FILE.jsonl[.gz] [--since S] [--until U] [--with-payloads]
-        [--url URL] [--key-file FILE]      (an HTTP client; key with the manage grant, or SARSEN_API_KEY)
-environment: CTX_DATABASE_HOST, CTX_DATABASE_PORT, CTX_DATABASE_USER, CTX_DATABASE_NAME,
-             CTX_SECRETS_DIR, CTX_DATA_DIR, CTX_LOG_LEVEL, CTX_PROCESSES (see .env.example)`;
 
 const out = (line: string) => writeStdout(line + '\n');
 
+type Run = (args: string[], flags: Record<string, string | boolean | undefined>) => Promise<number | void>;
+type RunWithDatabase = (db: OpenDatabase, args: string[], flags: Record<string, string | boolean | undefined>, env: Environment) => Promise<number | void>;
+// What each command of src/cli/commands.ts does (nothing answered: exit 0); the types give every
+// command of the table a line here. Each loads its modules when it runs, so --help answers
+// without loading the server.
+const STANDALONE: Record<Extract<(typeof COMMANDS)[number], { standalone: true }>['name'], Run> = {
+  openapi: async () => out(JSON.stringify((await import('./http/openapi/document.ts')).openApiDocument(), null, 2)),
+  help: async (args) => out(helpFor(args)),
+  // Clients of a deployment's service routes: no database, no environment of their own.
+  'batch run': async (args, flags) => (await import('./cli/batch.ts')).batchCommand(args[0]!, flags as FlagValues<typeof BATCH_FLAGS>, out),
+  export: async (_, flags) => (await import('./cli/export.ts')).exportCommand(flags as FlagValues<typeof EXPORT_FLAGS>, out),
+};
+
+const WITH_DATABASE: Record<Extract<(typeof COMMANDS)[number], { standalone: false }>['name'], RunWithDatabase> = {
+  serve: async (db, _, flags, env) => {
+    const embedded = env.database === null;
+    const { serve: options, processes } = serveOptions(flags, embedded);
+    const { processCount, servePrimary } = await import('./cli/cluster.ts');
+    const count = processCount(processes ?? env.processes, embedded);
+    return count > 1 ? servePrimary(db, options, count, { embedded }) : (await import('./cli/serve.ts')).serve(db, options, { embedded });
+  },
+  migrate: async (db) => {
+    const pool = (await import('./db/pool.ts')).createPool(db.conn, { max: 2, name: 'sarsen-cli' });
+    await (await import('./db/migrate.ts')).migrate(db.conn, pool).finally(() => pool.end());
+    out('migrations applied');
+  },
+  'settings get': async (db, args) => (await import('./cli/settings.ts')).settingsCommand(db, ['get', ...args], out),
+  'settings set': async (db, args) => (await import('./cli/settings.ts')).settingsCommand(db, ['set', ...args], out),
+  'tenancy create': async (db, args, flags) => (await import('./cli/tenancy.ts')).tenancyCommand(db, ['create', ...args], flags.owner as string, out),
+  apply: async (db, args, flags) =>
+    (await import('./cli/apply.ts')).applyCommand(db, args, { prune: flags.prune === true, dryRun: flags['dry-run'] === true, credentialPassthrough: flags['credential-passthrough'] === true }, out),
+  'credit grant': async (db, args) => (await import('./cli/billing.ts')).billingCommand(db, 'credit', ['grant', ...args], out),
+  'prices set': async (db, args) => (await import('./cli/billing.ts')).billingCommand(db, 'prices', ['set', ...args], out),
+};
+
 async function main(argv: string[]): Promise<number> {
-  // A client of a deployment's service routes: no database, no environment of its own.
-  if (argv[0] === 'batch') return batchCommand(argv.slice(1), out);
-  if (argv[0] === 'export') return exportCommand(argv.slice(1), out);
+  const invocation = parseInvocation(argv);
+  if ('help' in invocation) {
+    out(invocation.help);
+    return 0;
+  }
+  const { command, args, flags } = invocation;
+  if (command in STANDALONE) return (await STANDALONE[command as keyof typeof STANDALONE](args, flags)) ?? 0;
   const env = readEnvironment();
   configureLogging({ level: env.logLevel });
-  const { command, serve: serveOptions, processes, owner, apply } = parseCommandLine(argv, env.database === null);
   // A worker of `serve --processes N`: its database and secrets come from the primary.
-  if (cluster.isWorker) return serveWorker(serveOptions);
-  const [name, ...args] = command;
-  if (name === 'help') {
-    out(USAGE);
-    return 0;
-  }
-  if (name === 'openapi') {
-    out(JSON.stringify(openApiDocument(), null, 2));
-    return 0;
-  }
-  if (!['serve', 'migrate', 'settings', 'tenancy', 'credit', 'prices', 'apply'].includes(name!)) throw new ConfigError(`Unknown command ${JSON.stringify(name)}.\n${USAGE}`);
-  const db = await openDatabase(env);
-  let code = 0;
+  if (cluster.isWorker) return (await import('./cli/cluster.ts')).serveWorker(serveOptions(flags, env.database === null).serve);
+  const db = await (await import('./cli/database.ts')).openDatabase(env);
   try {
-    if (name === 'serve') {
-      const embedded = env.database === null;
-      const count = processCount(processes ?? env.processes, embedded);
-      code = count > 1 ? await servePrimary(db, serveOptions, count, { embedded }) : await serve(db, serveOptions, { embedded });
-    }
-    else if (name === 'migrate') {
-      const pool = createPool(db.conn, { max: 2, name: 'sarsen-cli' });
-      await migrate(db.conn, pool).finally(() => pool.end());
-      out('migrations applied');
-    } else if (name === 'tenancy') await tenancyCommand(db, args, owner, out);
-    else if (name === 'credit' || name === 'prices') await billingCommand(db, name, args, out);
-    else if (name === 'apply') await applyCommand(db, args, { ...apply, credentialPassthrough: serveOptions.credentialPassthrough }, out);
-    else await settingsCommand(db, args, out);
+    return (await WITH_DATABASE[command as keyof typeof WITH_DATABASE](db, args, flags, env)) ?? 0;
   } finally {
     await db.close();
   }
-  return code;
 }
 
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code;
   },
-  (err) => {
+  async (err) => {
+    // The operator's mistakes are told in a line; anything else is logged with its fields.
+    const { SettingError } = await import('./config/settings.ts');
+    const { EmbeddedError } = await import('./db/embedded.ts');
     if (err instanceof ConfigError || err instanceof SettingError || err instanceof EmbeddedError) process.stderr.write(`sarsen: ${err.message}\n`);
     else logger.error('sarsen failed', errorFields(err));
     process.exitCode = 1;

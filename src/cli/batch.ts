@@ -6,12 +6,20 @@
 // as soon as it is accepted, so a run killed and started again submits nothing twice and
 // collects what finished meanwhile.
 import fs from 'node:fs';
-import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ConfigError } from '../config/config.ts';
 import { topLevelValueSpan } from '../core/json-span.ts';
+import type { Flags, FlagValues } from '../core/flags.ts';
 
-const USAGE = 'usage: sarsen batch run INPUT.jsonl --base-url URL --key-file FILE --out RESULTS.jsonl [--dialect chat|messages|responses] [--concurrency N] [--skip-invalid]';
+/** Its flags (src/cli/commands.ts parses them and prints them as its usage). */
+export const BATCH_FLAGS = {
+  'base-url': { type: 'string', value: 'URL', required: true, help: 'the namespace\'s service base, such as http://127.0.0.1:8080/acme/prod/v1' },
+  'key-file': { type: 'string', value: 'FILE', required: true, help: 'a file holding a Sarsen API key with the use grant' },
+  out: { type: 'string', value: 'RESULTS.jsonl', required: true, help: 'where the results go, in input order (RESULTS.jsonl.state beside it lets a run continue)' },
+  dialect: { type: 'string', value: 'chat|messages|responses', default: 'chat', help: 'the route each body is sent to' },
+  concurrency: { type: 'string', value: 'N', default: '16', help: 'requests in flight at once, 1 to 1024' },
+  'skip-invalid': { type: 'boolean', help: 'sends the valid lines when some are not (else nothing is sent)' },
+} as const satisfies Flags;
 // Sarsen's submission limit (docs/api.md "Limits"): a larger body would be refused line by line.
 const MAX_BODY_BYTES = 2 * 1024 * 1024;
 const PATHS = { chat: '/v1/chat/completions', messages: '/v1/messages', responses: '/v1/responses' } as const;
@@ -155,28 +163,7 @@ function bar(p: Progress, width = 30): string {
   return `[${'#'.repeat(filled)}${'.'.repeat(width - filled)}]`;
 }
 
-export async function batchCommand(argv: string[], out: (line: string) => void): Promise<number> {
-  let parsed;
-  try {
-    parsed = parseArgs({
-      args: argv,
-      allowPositionals: true,
-      strict: true,
-      options: {
-        'base-url': { type: 'string' },
-        'key-file': { type: 'string' },
-        out: { type: 'string' },
-        dialect: { type: 'string', default: 'chat' },
-        concurrency: { type: 'string', default: '16' },
-        'skip-invalid': { type: 'boolean', default: false },
-      },
-    });
-  } catch (err) {
-    throw new ConfigError(`${(err as Error).message}\n${USAGE}`);
-  }
-  const v = parsed.values;
-  const [sub, input, ...rest] = parsed.positionals;
-  if (sub !== 'run' || !input || rest.length > 0 || !v['base-url'] || !v['key-file'] || !v.out) throw new ConfigError(USAGE);
+export async function batchCommand(input: string, v: FlagValues<typeof BATCH_FLAGS>, out: (line: string) => void): Promise<number> {
   if (!isBatchDialect(v.dialect)) throw new ConfigError('--dialect must be chat, messages or responses');
   const concurrency = Number(v.concurrency);
   if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 1024) throw new ConfigError('--concurrency must be an integer from 1 to 1024');

@@ -8,14 +8,21 @@
 import fs from 'node:fs';
 import zlib from 'node:zlib';
 import { promisify } from 'node:util';
-import { parseArgs } from 'node:util';
 import { ConfigError } from '../config/config.ts';
 import { idTime, isId } from '../core/ids.ts';
+import type { Flags, FlagValues } from '../core/flags.ts';
 
-const USAGE = `usage: sarsen export --tenancy T --namespace N --out FILE.jsonl[.gz] [--since S] [--until U] [--with-payloads]
-                     [--url URL (default http://127.0.0.1:8080)] [--key-file FILE]
-  The key (with the manage grant) is read from --key-file, else from SARSEN_API_KEY. S and U are
-  epoch milliseconds or ISO 8601 times. Run the same command again to continue a run that stopped.`;
+/** Its flags (src/cli/commands.ts parses them and prints them as its usage). */
+export const EXPORT_FLAGS = {
+  tenancy: { type: 'string', value: 'T', required: true, help: 'the tenancy\'s slug' },
+  namespace: { type: 'string', value: 'N', required: true, help: 'the namespace\'s slug' },
+  out: { type: 'string', value: 'FILE.jsonl[.gz]', required: true, help: 'the file (.gz: gzip); run the same command again to continue a run that stopped' },
+  since: { type: 'string', value: 'S', help: 'records created at or after S (epoch milliseconds or ISO 8601)' },
+  until: { type: 'string', value: 'U', help: 'records created before U (default: when the export starts)' },
+  'with-payloads': { type: 'boolean', help: 'each line also carries the record\'s payloads' },
+  url: { type: 'string', value: 'URL', default: 'http://127.0.0.1:8080', help: 'the Sarsen deployment' },
+  'key-file': { type: 'string', value: 'FILE', help: 'a file holding a key with the manage grant (default: the SARSEN_API_KEY variable)' },
+} as const satisfies Flags;
 
 const deflateRaw = promisify(zlib.deflateRaw);
 const fsWrite = promisify(fs.write);
@@ -175,24 +182,10 @@ function progress(startMs: number, untilMs: number) {
   };
 }
 
-export async function exportCommand(argv: string[], out: (line: string) => void): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        tenancy: { type: 'string' }, namespace: { type: 'string' }, since: { type: 'string' }, until: { type: 'string' },
-        'with-payloads': { type: 'boolean' }, out: { type: 'string' }, url: { type: 'string' }, 'key-file': { type: 'string' },
-      },
-      strict: true,
-    }));
-  } catch (err) {
-    throw new ConfigError(`${(err as Error).message}\n${USAGE}`);
-  }
+export async function exportCommand(values: FlagValues<typeof EXPORT_FLAGS>, out: (line: string) => void): Promise<number> {
   const { tenancy, namespace, out: file } = values;
-  if (!tenancy || !namespace || !file) throw new ConfigError(USAGE);
   const key = values['key-file'] ? fs.readFileSync(values['key-file'], 'utf8').trim() : process.env.SARSEN_API_KEY;
-  if (!key) throw new ConfigError(`No key: name a file holding it with --key-file, or set SARSEN_API_KEY.\n${USAGE}`);
+  if (!key) throw new ConfigError('No key: name a file holding it with --key-file, or set SARSEN_API_KEY.');
   const gzip = file.endsWith('.gz');
 
   const size = fs.existsSync(file) ? fs.statSync(file).size : 0;
@@ -212,7 +205,7 @@ export async function exportCommand(argv: string[], out: (line: string) => void)
     if (values.until) query.set('until', values.until);
     if (values['with-payloads']) query.set('with_payloads', 'true');
     if (resume.after) query.set('after', resume.after);
-    const base = (values.url ?? 'http://127.0.0.1:8080').replace(/\/+$/, '');
+    const base = values.url.replace(/\/+$/, '');
     const res = await fetch(`${base}/${encodeURIComponent(tenancy)}/${encodeURIComponent(namespace)}/v1/requests/export?${query}`, {
       headers: { 'x-sarsen-key': key },
     });

@@ -1,12 +1,12 @@
 // Deployment configuration: pointers from the environment (CTX_*), flags from the command line,
 // secrets from files. Read once at startup, validated, frozen. No figure the deployment charges
 // or enforces comes from here: those are settings in the database (src/config/settings.ts).
-import { parseArgs } from 'node:util';
 import path from 'node:path';
 import { z } from 'zod';
 import { LOG_LEVELS, type LogLevel } from '../log.ts';
 import { parseHosts, HostListError } from '../core/hosts.ts';
 import { minimumConnections } from '../core/connection-budget.ts';
+import type { Flags, FlagValues } from '../core/flags.ts';
 
 export const ROLES = ['api', 'executor', 'both'] as const;
 export type Role = (typeof ROLES)[number];
@@ -85,59 +85,43 @@ const serveSchema = z.object({
   databaseConnections: z.coerce.number().int().min(1).max(10_000).optional(),
 });
 
-export type ParsedCommand = Readonly<{
-  command: string[];
-  serve: ServeOptions;
-  /** --processes: how many processes serve behind one port (null: CTX_PROCESSES, else the default). */
-  processes: number | null;
-  owner?: string;
-  apply: { prune: boolean; dryRun: boolean };
-}>;
+/**
+ * The flags of `sarsen serve`, for node:util's parseArgs, each with the line its usage shows
+ * (`value` names a string flag's argument). src/cli/commands.ts prints them.
+ */
+export const SERVE_FLAGS = {
+  role: { type: 'string', default: 'both', value: 'api|executor|both', help: 'what this process runs: api (the HTTP routes), executor (the provider calls) or both' },
+  'credential-passthrough': { type: 'boolean', help: 'lets backends use the caller\'s provider credential (off by default)' },
+  port: { type: 'string', default: '8080', value: 'N', help: 'the port to listen on; 0 takes a free one' },
+  host: { type: 'string', value: 'H', help: 'the address to listen on (default 127.0.0.1 on embedded PostgreSQL, else 0.0.0.0)' },
+  processes: { type: 'string', value: 'N', help: 'processes behind the one port (default CTX_PROCESSES, else one per core; 1 on embedded PostgreSQL)' },
+  'executor-concurrency': { type: 'string', default: '1024', value: 'N', help: 'attempts one executor process runs at once' },
+  'database-connections': { type: 'string', value: 'N', help: 'the most database connections one process holds (default: by role; docs/scaling.md)' },
+} as const satisfies Flags;
+
+export type ServeFlags = Partial<FlagValues<typeof SERVE_FLAGS>>;
 
 const processes = z.coerce.number().int().min(1).max(256);
 
-/** Splits argv into a sub-command (words) and the serve flags. `sarsen` alone means `sarsen serve`. */
-export function parseCommandLine(argv: string[], embedded: boolean): ParsedCommand {
-  let parsed;
-  try {
-    parsed = parseArgs({
-      args: argv,
-      allowPositionals: true,
-      strict: true,
-      options: {
-        role: { type: 'string', default: 'both' },
-        'credential-passthrough': { type: 'boolean', default: false },
-        port: { type: 'string', default: '8080' },
-        host: { type: 'string' },
-        'executor-concurrency': { type: 'string', default: '1024' },
-        processes: { type: 'string' },
-        'database-connections': { type: 'string' },
-        owner: { type: 'string' },
-        prune: { type: 'boolean', default: false },
-        'dry-run': { type: 'boolean', default: false },
-        help: { type: 'boolean', short: 'h', default: false },
-      },
-    });
-  } catch (err) {
-    throw new ConfigError((err as Error).message);
-  }
-  const v = parsed.values;
+/**
+ * The serve options from its parsed flags. `processes` is --processes (null: CTX_PROCESSES,
+ * else the default).
+ */
+export function serveOptions(flags: ServeFlags, embedded: boolean): { serve: ServeOptions; processes: number | null } {
   const serve = serveSchema.safeParse({
-    role: v.role,
-    credentialPassthrough: v['credential-passthrough'],
-    port: v.port,
-    host: v.host ?? (embedded ? '127.0.0.1' : '0.0.0.0'),
-    executorConcurrency: v['executor-concurrency'],
-    databaseConnections: v['database-connections'],
+    role: flags.role ?? SERVE_FLAGS.role.default,
+    credentialPassthrough: flags['credential-passthrough'] === true,
+    port: flags.port ?? SERVE_FLAGS.port.default,
+    host: flags.host ?? (embedded ? '127.0.0.1' : '0.0.0.0'),
+    executorConcurrency: flags['executor-concurrency'] ?? SERVE_FLAGS['executor-concurrency'].default,
+    databaseConnections: flags['database-connections'],
   });
   if (!serve.success) throw new ConfigError(`Invalid flags: ${formatIssues(serve.error)}`);
-  const count = v.processes === undefined ? null : processes.safeParse(v.processes);
+  const count = flags.processes === undefined ? null : processes.safeParse(flags.processes);
   if (count && !count.success) throw new ConfigError(`Invalid flags: processes: ${formatIssues(count.error)}`);
   const { role, databaseConnections } = serve.data;
   if (databaseConnections !== undefined && databaseConnections < minimumConnections(role)) {
     throw new ConfigError(`Invalid flags: --database-connections: a ${role} process needs at least ${minimumConnections(role)}`);
   }
-  const command = parsed.positionals.length > 0 ? parsed.positionals : ['serve'];
-  if (v.help) command.splice(0, command.length, 'help');
-  return Object.freeze({ command, serve: Object.freeze(serve.data), processes: count?.data ?? null, owner: v.owner, apply: { prune: v.prune, dryRun: v['dry-run'] } });
+  return { serve: Object.freeze(serve.data), processes: count?.data ?? null };
 }

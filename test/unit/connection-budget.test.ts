@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import { connectionBudget, defaultConnections, minimumConnections, PURPOSES } from '../../src/core/connection-budget.ts';
 import { parseHosts, formatHost } from '../../src/core/hosts.ts';
-import { parseCommandLine, readEnvironment, ConfigError } from '../../src/config/config.ts';
+import { serveOptions, readEnvironment, ConfigError } from '../../src/config/config.ts';
 
 const sum = (b: ReturnType<typeof connectionBudget>) => PURPOSES.reduce((n, p) => n + b[p], 0);
 
@@ -35,10 +35,10 @@ describe('connection budget', () => {
   });
 
   it('is a flag of sarsen serve, refused below the role\'s minimum', () => {
-    expect(parseCommandLine(['--role', 'executor', '--database-connections', '20'], false).serve.databaseConnections).to.equal(20);
-    expect(parseCommandLine([], false).serve.databaseConnections).to.equal(undefined);
-    expect(() => parseCommandLine(['--role', 'both', '--database-connections', '5'], false)).to.throw(ConfigError, /at least 6/);
-    expect(() => parseCommandLine(['--database-connections', 'many'], false)).to.throw(ConfigError);
+    expect(serveOptions({ role: 'executor', 'database-connections': '20' }, false).serve.databaseConnections).to.equal(20);
+    expect(serveOptions({}, false).serve.databaseConnections).to.equal(undefined);
+    expect(() => serveOptions({ role: 'both', 'database-connections': '5' }, false)).to.throw(ConfigError, /at least 6/);
+    expect(() => serveOptions({ 'database-connections': 'many' }, false)).to.throw(ConfigError);
   });
 });
 

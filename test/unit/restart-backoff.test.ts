@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { restartAfter, RESTART_POLICY } from '../../src/core/restart-backoff.ts';
-import { parseCommandLine, readEnvironment, ConfigError } from '../../src/config/config.ts';
+import { serveOptions, readEnvironment, ConfigError } from '../../src/config/config.ts';
 import { processCount } from '../../src/cli/cluster.ts';
 
 describe('replacing dead workers', () => {
@@ -25,8 +25,8 @@ describe('replacing dead workers', () => {
 
 describe('--processes', () => {
   it('is taken from the flag, else CTX_PROCESSES, else one per core (one on embedded PostgreSQL)', () => {
-    expect(parseCommandLine(['--processes', '3'], false).processes).to.equal(3);
-    expect(parseCommandLine([], false).processes).to.equal(null);
+    expect(serveOptions({ processes: '3' }, false).processes).to.equal(3);
+    expect(serveOptions({}, false).processes).to.equal(null);
     expect(readEnvironment({ CTX_PROCESSES: '4' }).processes).to.equal(4);
     expect(readEnvironment({}).processes).to.equal(null);
     expect(processCount(null, true)).to.equal(1);
@@ -35,7 +35,7 @@ describe('--processes', () => {
   });
 
   it('refuses what is not a positive whole number', () => {
-    for (const bad of ['0', '-1', '1.5', 'many']) expect(() => parseCommandLine(['--processes', bad], false), bad).to.throw(ConfigError, /processes/);
+    for (const bad of ['0', '-1', '1.5', 'many']) expect(() => serveOptions({ processes: bad }, false), bad).to.throw(ConfigError, /processes/);
     expect(() => readEnvironment({ CTX_PROCESSES: '0' })).to.throw(ConfigError, /CTX_PROCESSES/);
   });
 });
