@@ -85,6 +85,11 @@ describe('a background response survives worker death', function () {
         return r.status === 'completed' ? r : undefined;
       }, 60_000);
       expect(done.output_text).to.equal(textOf(2).join(''));
+      // After the recovery, a resume from the dead attempt's position is the error event alone.
+      const late = await client.responses.retrieve(responseId, { stream: true, starting_after: 5 });
+      const lateEvents: { type: string; code?: string | null }[] = [];
+      for await (const ev of late) lateEvents.push({ type: ev.type, code: ev.type === 'error' ? ev.code : undefined });
+      expect(lateEvents).to.deep.equal([{ type: 'error', code: 'response_superseded' }]);
       // The new attempt's own id names the same response, and resumes within its attempt.
       const tail = await client.responses.retrieve('resp_call2', { stream: true, starting_after: 40 });
       const tailSeqs: number[] = [];
