@@ -14,4 +14,6 @@ CREATE TABLE sarsen.provider_response_ids (
   attempt      integer NOT NULL,
   PRIMARY KEY (namespace_id, provider_id, request_id, attempt)
 );
--- A row whose request the metadata horizon deleted finds no request: the id is then unknown.
+-- The ids of one request, for the console's request page. A row whose request the metadata
+-- horizon deleted finds no request: the id is then unknown.
+CREATE INDEX provider_response_ids_request_idx ON sarsen.provider_response_ids (request_id);

@@ -117,3 +117,25 @@ export async function forgetResponse(db: Db, namespaceId: string, requestId: str
   const { rows } = await db.query<{ swept: number }>(FORGET, [requestId, namespaceId, shard()]);
   return rows[0]!.swept === 1;
 }
+
+export type ResponseIds = { request_id: string; background: boolean; response_ids: { id: string; attempt: number }[] };
+
+const IDS = prepared(
+  'sarsen_read_response_ids',
+  `WITH target AS (
+     SELECT coalesce((SELECT request_id FROM sarsen.provider_response_ids
+                       WHERE namespace_id = $2 AND provider_id = $1 AND $1 NOT LIKE 'req\\_%'
+                       ORDER BY request_id DESC, attempt DESC LIMIT 1), $1) AS id
+   )
+   SELECT q.id AS request_id, CASE WHEN b.body LIKE '%"background":true%' THEN (b.body::json -> 'background')::text = 'true' ELSE false END AS background,
+          coalesce((SELECT json_agg(json_build_object('id', p.provider_id, 'attempt', p.attempt) ORDER BY p.attempt, p.provider_id)
+                      FROM sarsen.provider_response_ids p WHERE p.request_id = q.id AND p.namespace_id = q.namespace_id), '[]') AS response_ids
+     FROM sarsen.requests q LEFT JOIN sarsen.request_bodies b ON b.request_id = q.id
+    WHERE q.id = (SELECT id FROM target) AND q.namespace_id = $2 AND q.dialect = 'responses'`,
+);
+
+/** A Responses request found by Sarsen's id or a provider's: whether it is a background one, and its attempts' provider ids (the console's request page). */
+export async function readResponseIds(db: Db, namespaceId: string, id: string): Promise<ResponseIds | null> {
+  const { rows } = await db.query<ResponseIds>(IDS([id, namespaceId]));
+  return rows[0] ?? null;
+}

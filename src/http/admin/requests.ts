@@ -10,6 +10,7 @@ import { accountRoutes, type NamespaceScope } from '../service/accounts.ts';
 import { readRequest } from '../service/record.ts';
 import { cancelHandler } from '../service/cancel.ts';
 import { readStoredBody } from '../../db/console.ts';
+import { readResponseIds } from '../../db/background.ts';
 import { listRules } from '../../db/routing-rules.ts';
 import { compileRules } from '../../core/routing.ts';
 import { ruleView } from './routing-rules.ts';
@@ -26,6 +27,14 @@ export function requestRoutes(deps: Deps, router: Router): void {
   router.post(`${one}/cancel`, consoleAuth(deps, 'admin'), namespaceParam(deps), (req: Request, res: Response) =>
     cancelHandler(deps, req, res, scope.namespaceId(res)),
   );
+
+  // A Responses request by Sarsen's id or the provider's resp_ id: the console finds a response
+  // a user names, and shows its attempts' provider ids (docs/console.md "Background responses").
+  router.get(`${scope.base}/responses/:id`, ...scope.guards, async (req: Request, res: Response) => {
+    const found = await readResponseIds(deps.pool, scope.namespaceId(res), String(req.params.id));
+    if (found === null) throw new ServiceError('not_found', 'No response with this id in this namespace.');
+    res.json(found);
+  });
 
   // "Which rule takes model X?": the router's own precedence over the namespace's rules.
   router.get(`${scope.base}/route`, ...scope.guards, async (req: Request, res: Response) => {

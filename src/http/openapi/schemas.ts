@@ -282,3 +282,9 @@ export const inputItemList = z.object({
   last_id: z.string().nullable(),
   has_more: z.boolean(),
 });
+/** A Responses request as the console finds it by either id. */
+export const responseIds = z.object({
+  request_id: id('req'),
+  background: z.boolean(),
+  response_ids: z.array(z.object({ id: z.string(), attempt: z.number().int() })),
+});

@@ -68,7 +68,25 @@ export async function requestsPage(ns, query = '') {
     onError: (e) => flash(e.message, 'error'),
   });
   page(`Requests in ${ns}`, h('p', { class: 'subnav' }, h('a', { href: nsLink(ns) }, `← ${ns}`), h('a', { href: nsLink(ns, '/usage') }, 'Usage and storage')),
-    filterForm(ns, filters, keys), body, more);
+    filterForm(ns, filters, keys), findResponseForm(ns), body, more);
+}
+
+/** Finds a Responses request by the provider's resp_ id (what a caller of the background routes holds) or Sarsen's id. */
+function findResponseForm(ns) {
+  const form = h('form', { class: 'card inline', 'aria-label': 'Find a response' },
+    field('Response id', { name: 'response_id', placeholder: 'resp_… or req_…' }),
+    h('div', { class: 'buttons' }, h('button', { type: 'submit' }, 'Find response')));
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const id = String(new FormData(form).get('response_id') ?? '').trim();
+    if (!id) return;
+    const found = await api('GET', `${NS(ns)}/responses/${encodeURIComponent(id)}`).catch((err) => {
+      flash(err.status === 404 ? `No response ${id} in ${ns}.` : err.message, 'error');
+      return null;
+    });
+    if (found) location.hash = nsLink(ns, `/requests/${found.request_id}`);
+  });
+  return form;
 }
 
 function pretty(text) {
@@ -105,7 +123,9 @@ export async function requestPage(ns, id) {
     page(`Request ${id}`, back, h('p', { class: 'notice' }, 'Swept: retention removed this request’s bodies and answer. The listing keeps its metadata:'), facts(row, null, ns));
     return;
   }
-  let shownFacts = facts(row, record, ns);
+  // A Responses request: whether it runs in the background, and the provider's id of each attempt.
+  const ids = record.dialect === 'responses' ? await api('GET', `${NS(ns)}/responses/${encodeURIComponent(id)}`).catch(() => null) : null;
+  let shownFacts = facts(row, record, ns, ids);
   const parts = [back, shownFacts];
   if (canWrite() && (record.status === 'pending' || record.status === 'running')) {
     parts.push(h('p', {}, h('button', { class: 'danger', onclick: async () => {
@@ -126,7 +146,7 @@ export async function requestPage(ns, id) {
     // When the stream ends, the status, timings and tokens are read again.
     parts.push(streamView(ns, id, async () => {
       const [now, row] = await Promise.all([api('GET', `${NS(ns)}/requests/${encodeURIComponent(id)}`), summary(ns, id)]);
-      const fresh = facts(row, now, ns);
+      const fresh = facts(row, now, ns, ids);
       shownFacts.replaceWith(fresh);
       shownFacts = fresh;
     }));
@@ -140,7 +160,7 @@ export async function requestPage(ns, id) {
 
 const summary = (ns, id) => api('GET', `${NS(ns)}/requests/${encodeURIComponent(id)}/summary`);
 
-function facts(row, record, ns) {
+function facts(row, record, ns, ids = null) {
   const items = [
     ['Status', record ? statusPill(record.status, false) : statusPill(row?.status, row?.expired)],
     ['Model', row?.model ?? '—'],
@@ -158,6 +178,10 @@ function facts(row, record, ns) {
   if (record?.next_retry_at) items.push(['Next retry', fmt.time(record.next_retry_at)]);
   const from = row?.cached_from ?? record?.cached_from;
   if (from) items.push(['Cached from', h('a', { href: nsLink(ns, `/requests/${from}`) }, h('code', {}, from))]);
+  if (ids) {
+    items.push(['Background', ids.background ? 'yes' : 'no']);
+    items.push(['Response ids', ids.response_ids.length === 0 ? '—' : ids.response_ids.map((r, i) => [i ? ', ' : '', h('code', {}, r.id), ` (attempt ${r.attempt})`])]);
+  }
   return h('dl', { class: 'facts card' }, items.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))));
 }
 
