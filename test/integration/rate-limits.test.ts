@@ -293,12 +293,22 @@ describe('rate limits across processes', function () {
     const k = await limitedKey(apis[0]!.url, t, { requests_per_minute: 10 });
     await freshMinute(d.pool);
     const bases = apis.map((a) => `${a.url}/${t.tenancy}/${t.namespace}/v1`);
-    const answers = await Promise.all(Array.from({ length: 40 }, (_, i) => post(t, k.key, chat(`split ${i}`), '/requests', bases[i % 2])));
-    const byProcess = [0, 1].map((p) => answers.filter((_, i) => i % 2 === p));
+    const send = (p: number, i: number) => post(t, k.key, chat(`split ${i}`), '/requests', bases[p]);
+    // Each process is sure to take part: one request to each while the window is empty (both
+    // accept), the burst split across them, then one more to each once it is full (both refuse).
+    const first = [await send(0, 0), await send(1, 1)];
+    const burst = await Promise.all(Array.from({ length: 36 }, (_, i) => send(i % 2, 2 + i)));
+    const last = [await send(0, 38), await send(1, 39)];
+    const answers = [...first, ...burst, ...last];
     expect(answers.filter((a) => a.status === 202)).to.have.length(10);
     expect(answers.filter((a) => a.status === 429)).to.have.length(30);
+    for (const a of answers) if (a.status !== 202) expect(json(a).error.code).to.equal('rate_limited');
     // Both processes accepted and refused from the same count.
-    for (const mine of byProcess) expect(mine.every((a) => a.status === 202 || json(a).error.code === 'rate_limited')).to.equal(true);
+    for (const p of [0, 1]) {
+      const mine = answers.filter((_, i) => i % 2 === p);
+      expect(mine.filter((a) => a.status === 202).length, `process ${p} accepted`).to.be.at.least(1);
+      expect(mine.filter((a) => a.status === 429).length, `process ${p} refused`).to.be.at.least(1);
+    }
     expect(await countRequests(d.pool, k.id)).to.equal(10);
     const { rows } = await d.pool.query(`SELECT requests, refused FROM sarsen.key_windows WHERE api_key_id = $1`, [k.id]);
     expect(rows[0]).to.deep.equal({ requests: 10, refused: 30 });
