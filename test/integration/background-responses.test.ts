@@ -114,16 +114,36 @@ describe('background responses', function () {
     });
   }
 
-  it('a provider that numbers no events: starting_after counts the stored events of the attempt from 0', async () => {
-    const pieces = ['alpha ', 'beta ', 'gamma ', 'delta '];
+  it('a provider that numbers no events: starting_after counts the stored events of the attempt from 0; dropped and resumed, the text joins whole', async () => {
+    const pieces = ['alpha ', 'beta ', 'gamma ', 'delta ', 'epsilon ', 'zeta '];
     const frames = unnumbered(responsesFrames(pieces, { id: 'resp_unnumbered' }));
     expect(frames.join('')).to.not.include('sequence_number');
-    provider.enqueue({ kind: 'sse', frames });
+    const half = gate();
+    provider.enqueue({ kind: 'sse', frames, waitBefore: { 7: half.until } });
     const stream = await client().responses.create({ model: 'gpt-test', input: marker(), background: true, stream: true });
-    for await (const _ of stream) { /* read it all */ }
+    // The caller counts the events itself, as the provider numbers none.
+    const texts: string[] = [];
+    let read = 0;
+    for await (const ev of stream) {
+      read++;
+      if (ev.type === 'response.output_text.delta') texts.push(ev.delta);
+      if (read === 6) break;
+    }
+    half.open();
+    const resumed = await client().responses.retrieve('resp_unnumbered', { stream: true, starting_after: read - 1 });
+    const types: string[] = [];
+    for await (const ev of resumed) {
+      types.push(ev.type);
+      if (ev.type === 'response.output_text.delta') texts.push(ev.delta);
+    }
+    expect(read + types.length).to.equal(frames.length);
+    expect(texts.join('')).to.equal(pieces.join(''));
     const after3 = await rawRequest(`${t.base}/responses/resp_unnumbered?stream=true&starting_after=3`, { headers: { 'x-sarsen-key': t.key } });
     expect(after3.body.toString()).to.equal(frames.slice(4).join(''));
+    const terminal = JSON.parse(frames.at(-1)!.split('data: ')[1]!);
+    expect((await get('/responses/resp_unnumbered')).body.toString()).to.equal(JSON.stringify(terminal.response));
     expect(calls()).to.have.length(1);
+    noBackground(calls()[0]!);
   });
 
   it('two identical background bodies at once make one provider call and name one response', async () => {
