@@ -87,6 +87,9 @@ export function terminalResponse(frame: string): string | null {
   }
 }
 
+/** Sarsen's response id for a request: its id spelled the vendor's way (`resp_` for `req_`). */
+export const ownResponseId = (requestId: string): string => `resp_${requestId.slice('req_'.length)}`;
+
 export type ResponseStatus = 'queued' | 'in_progress' | 'completed' | 'failed' | 'cancelled' | 'incomplete';
 
 /**

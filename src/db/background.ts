@@ -40,6 +40,10 @@ export type ResponseRow = {
   last_frame_lengths: number[] | null;
 };
 
+// Sarsen's own response id is its request id spelled the vendor's way: `resp_` for `req_`
+// (docs/api.md "Background responses"); a provider's id of the namespace is looked up first.
+const OWN_ID = `CASE WHEN $1 LIKE 'resp\\_%' THEN 'req_' || substr($1, 6) ELSE $1 END`;
+
 // One statement whatever the state: an id is Sarsen's or, failing that, a provider's of this
 // namespace (its newest request, then that request's newest attempt).
 const READ = prepared(
@@ -62,7 +66,7 @@ const READ = prepared(
         WHERE c.request_id = q.id AND q.streaming AND q.status = 'succeeded'
         ORDER BY c.last_seq DESC LIMIT 1
      ) last ON true
-    WHERE q.id = coalesce((SELECT request_id FROM named), $1) AND q.namespace_id = $2`,
+    WHERE q.id = coalesce((SELECT request_id FROM named), ${OWN_ID}) AND q.namespace_id = $2`,
 );
 
 /** The request a response id names in this namespace (Sarsen's id or a provider's), or null. */
@@ -125,7 +129,7 @@ const IDS = prepared(
   `WITH target AS (
      SELECT coalesce((SELECT request_id FROM sarsen.provider_response_ids
                        WHERE namespace_id = $2 AND provider_id = $1 AND $1 NOT LIKE 'req\\_%'
-                       ORDER BY request_id DESC, attempt DESC LIMIT 1), $1) AS id
+                       ORDER BY request_id DESC, attempt DESC LIMIT 1), ${OWN_ID}) AS id
    )
    SELECT q.id AS request_id, CASE WHEN b.body LIKE '%"background":true%' THEN (b.body::json -> 'background')::text = 'true' ELSE false END AS background,
           coalesce((SELECT json_agg(json_build_object('id', p.provider_id, 'attempt', p.attempt) ORDER BY p.attempt, p.provider_id)

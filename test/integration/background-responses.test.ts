@@ -62,7 +62,10 @@ describe('background responses', function () {
         expect(created).to.include({ background: true, model: 'gpt-test' });
         expect(created.output).to.deep.equal([]);
         expect(created.metadata).to.deep.equal({ m });
-        expect(created.id).to.match(/^req_/);
+        // Sarsen's id spelled the vendor's way: resp_ for the request's req_.
+        expect(created.id).to.match(/^resp_[0-9A-Z]{26}/);
+        const requestId = created.id.replace(/^resp_/, 'req_');
+        expect(json(await get(`/requests/${requestId}`))).to.include({ request_id: requestId, dialect: 'responses' });
         // The provider has not answered: the create did not wait for it.
         expect(calls().every((e) => e.finishedAt === undefined)).to.equal(true);
         expect((await client().responses.retrieve(created.id)).status).to.be.oneOf(['queued', 'in_progress']);
@@ -75,6 +78,8 @@ describe('background responses', function () {
         expect(done.output_text).to.equal('the slow answer');
         const raw = await get(`/responses/${created.id}`);
         expect(raw.body.toString()).to.equal(JSON.stringify(answer));
+        // By the request id too.
+        expect((await get(`/responses/${requestId}`)).body.toString()).to.equal(JSON.stringify(answer));
         // By the provider's id too.
         expect((await get(`/responses/resp_slow_1`)).body.toString()).to.equal(JSON.stringify(answer));
         expect(calls()).to.have.length(1);

@@ -9,7 +9,7 @@ import { ServiceError } from '../../core/errors.ts';
 import { parseCanonical, isJsonObject, type JsonObject } from '../../core/canonical-json.ts';
 import { idTime } from '../../core/ids.ts';
 import {
-  responseObject, responseError, terminalResponse, errorEvent, vendorErrorBody, inputItems, frameSequence, type ResponseStatus,
+  responseObject, responseError, terminalResponse, errorEvent, vendorErrorBody, inputItems, frameSequence, ownResponseId, type ResponseStatus,
 } from '../../core/background.ts';
 import { readResponse, forgetResponse, unpackFrames, type ResponseRow } from '../../db/background.ts';
 import { cancelRequest } from '../../db/cancel.ts';
@@ -105,7 +105,7 @@ const sendJson = (res: Response, text: string): void => {
 /** POST /responses with background and no stream: the Response as it stands, at once. */
 export async function answerBackground(deps: Deps, res: Response, accepted: AcceptedSubmission): Promise<void> {
   const row = await found(deps, res, accepted.requestId, false);
-  sendJson(res, renderResponse(row, accepted.requestId));
+  sendJson(res, renderResponse(row, ownResponseId(accepted.requestId)));
 }
 
 /** A non-negative integer query parameter, or null when absent. */
