@@ -54,8 +54,7 @@ async function waitFor(conn: ConnectionConfig, standbyWillDo: boolean): Promise<
       if (said) logger.info('a writable primary answers; starting', { hosts });
       return 'writable';
     }
-    const refused = found.find((p) => p.state === 'unreachable' && REFUSED.test(String((p.err as { code?: unknown })?.code)));
-    if (refused && refused.state === 'unreachable') throw refused.err;
+    for (const p of found) if (p.state === 'unreachable' && REFUSED.test(String((p.err as { code?: unknown } | null)?.code))) throw p.err;
     const standby = found.find((p) => p.state === 'read-only')?.host;
     if (standby && standbyWillDo && (await schemaCurrentOn(conn, standby))) return 'standby';
     const line = standby ? STANDBYS_ONLY : 'no database host answers; waiting for one';
