@@ -10,9 +10,9 @@ import type { BackendForCall } from './backends.ts';
 import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { batchInput, withParts, type Part } from './columns.ts';
+import { batchInput, namedParams, withParts, type Part } from './columns.ts';
 import { appendAttempt } from './attempt-log.ts';
-import { tokenChargePart } from './rate-limits.ts';
+import { tokenChargePart, type KeyLimits } from './rate-limits.ts';
 
 export type Attempt = Readonly<{
   id: string;
@@ -110,6 +110,36 @@ export async function claimAttempts(pool: Pool, ids: readonly string[], owner: s
       } satisfies Attempt,
     ]),
   );
+}
+
+/** What acceptance has in hand of a submission its own commit claimed. */
+export type AcceptedRequest = Pick<Attempt, 'id' | 'namespaceId' | 'dialect' | 'streaming' | 'forwardedHeaders' | 'hops' | 'body' | 'sealedCredential'> &
+  Readonly<{ backend: BackendForCall; limits: KeyLimits | null }>;
+
+/**
+ * The attempt a submission's own commit claimed for this process (submissions.ts writes the
+ * request running under its lease, attempt 1, its frames from 1, with its backstop job
+ * `jobId`): made from the submission in hand, as claimAttempts makes one from the rows it
+ * claimed, so no statement reads back what was just written.
+ */
+export function acceptedAttempt(r: AcceptedRequest, jobId: string | null): Attempt {
+  return {
+    id: r.id,
+    attempt: 1,
+    namespaceId: r.namespaceId,
+    dialect: r.dialect,
+    streaming: r.streaming,
+    forwardedHeaders: r.forwardedHeaders,
+    hops: r.hops,
+    body: r.body,
+    firstSeq: 1,
+    sealedCredential: r.sealedCredential,
+    backend: r.backend,
+    jobId,
+    cancelRequested: false,
+    // As the submission statement sets token_limited.
+    tokenLimited: r.limits?.tokensPerMinute != null,
+  };
 }
 
 export type Held = Readonly<{ id: string; attempt: number; jobId: string | null }>;
@@ -365,40 +395,49 @@ export async function settleBatch(
   return new Set(rows.map((r) => r.id));
 }
 
-async function countTraffic(c: PoolClient, id: string, t: Traffic): Promise<void> {
-  await c.query(
-    addToRollup(
-      ['upstream_sent_bytes', 'upstream_received_bytes'],
-      `SELECT namespace_id, $3::bigint AS upstream_sent_bytes, $4::bigint AS upstream_received_bytes FROM sarsen.requests WHERE id = $1`,
-      '$2',
-    ),
-    [id, shard(), t.sentBytes, t.receivedBytes],
-  );
-}
+// The statements of a retry: rare, one request at a time, each parameter named.
+const RETRY = namedParams<{
+  id: string; attempt: number; delay_ms: number; reached: boolean; provider_status: number | null; retry_after: string | null; transport_error: string | null;
+}>({ id: 'text', attempt: 'int', delay_ms: 'double precision', reached: 'boolean', provider_status: 'int', retry_after: 'text', transport_error: 'text' });
+const RETRY_SQL = `UPDATE sarsen.requests q
+    SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
+        -- A fallback backend is tried next, at once; without one, the same backend after the backoff.
+        next_retry_at = CASE WHEN cardinality(q.fallback_backend_ids) > 0 THEN now() ELSE ${LEASE_END(RETRY.param('delay_ms'))} END,
+        backend_id = coalesce(q.fallback_backend_ids[1], q.backend_id), fallback_backend_ids = q.fallback_backend_ids[2:],
+        provider_reached = ${REACHED('q', RETRY.param('reached'))},
+        attempt_log = ${appendAttempt('q', { ending: `'retried'`, status: RETRY.param('provider_status'), retryAfter: RETRY.param('retry_after'), error: RETRY.param('transport_error') })},
+        attempt_started_at = NULL
+  WHERE id = ${RETRY.param('id')} AND attempts = ${RETRY.param('attempt')} AND status = 'running'
+  RETURNING next_retry_at`;
+
+const REQUEUE = namedParams<{ id: string; run_at: Date }>({ id: 'text', run_at: 'timestamptz' });
+const REQUEUE_SQL = `SELECT ${enqueueSql(REQUEUE.param('id'), REQUEUE.param('run_at'))}`;
+
+const TRAFFIC = namedParams<{ id: string; shard: number; sent: number; received: number }>({ id: 'text', shard: 'smallint', sent: 'bigint', received: 'bigint' });
+const TRAFFIC_SQL = addToRollup(
+  ['upstream_sent_bytes', 'upstream_received_bytes'],
+  `SELECT namespace_id, ${TRAFFIC.param('sent')} AS upstream_sent_bytes, ${TRAFFIC.param('received')} AS upstream_received_bytes FROM sarsen.requests WHERE id = ${TRAFFIC.param('id')}`,
+  TRAFFIC.param('shard'),
+);
+
+const PENDING = namedParams<{ id: string; origin: string }>({ id: 'text', origin: 'text' });
+const PENDING_SQL = `WITH n AS (${notifyEvents(`SELECT ${PENDING.param('id')} AS request_id, 'state' AS event, 'pending' AS arg`, PENDING.param('origin'))}) SELECT count(*) FROM n`;
 
 /** Fenced hand-back for a later attempt: back to pending, due at `delayMs`, with its job. */
 export async function scheduleRetry(pool: Pool, f: { id: string; attempt: number; delayMs: number; origin: string; end: AttemptEnd } & Traffic): Promise<boolean> {
   return withTransaction(pool, async (c) => {
     const { rows } = await c.query<{ next_retry_at: Date }>(
-      `UPDATE sarsen.requests q
-          SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
-              -- A fallback backend is tried next, at once; without one, the same backend after the backoff.
-              next_retry_at = CASE WHEN cardinality(q.fallback_backend_ids) > 0 THEN now() ELSE ${LEASE_END('$3::double precision')} END,
-              backend_id = coalesce(q.fallback_backend_ids[1], q.backend_id), fallback_backend_ids = q.fallback_backend_ids[2:],
-              provider_reached = ${REACHED('q', '$4::boolean')},
-              attempt_log = ${appendAttempt('q', { ending: `'retried'`, status: '$5', retryAfter: '$6', error: '$7' })}, attempt_started_at = NULL
-        WHERE id = $1 AND attempts = $2 AND status = 'running'
-        RETURNING next_retry_at`,
-      [f.id, f.attempt, f.delayMs, f.reached, f.end.status, f.end.retryAfter, f.end.error],
+      RETRY_SQL,
+      RETRY.values({
+        id: f.id, attempt: f.attempt, delay_ms: f.delayMs, reached: f.reached,
+        provider_status: f.end.status, retry_after: f.end.retryAfter, transport_error: f.end.error,
+      }),
     );
     const row = rows[0];
     if (!row) return false;
-    await c.query(`SELECT ${enqueueSql('$1::text', '$2::timestamptz')}`, [f.id, row.next_retry_at]);
-    await countTraffic(c, f.id, f);
-    await c.query(`WITH n AS (${notifyEvents(`SELECT $1::text AS request_id, 'state' AS event, 'pending' AS arg`, '$2')}) SELECT count(*) FROM n`, [
-      f.id,
-      f.origin,
-    ]);
+    await c.query(REQUEUE_SQL, REQUEUE.values({ id: f.id, run_at: row.next_retry_at }));
+    await c.query(TRAFFIC_SQL, TRAFFIC.values({ id: f.id, shard: shard(), sent: f.sentBytes, received: f.receivedBytes }));
+    await c.query(PENDING_SQL, PENDING.values({ id: f.id, origin: f.origin }));
     return true;
   });
 }

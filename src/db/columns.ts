@@ -127,6 +127,17 @@ export function batchInput<T, S extends Record<string, unknown> = Record<never, 
   };
 }
 
+/**
+ * A statement's parameters by name, for one that is not a batch (a batch input without
+ * columns): `param('id')` is its `$n::type`, `values({...})` the values in their order.
+ */
+export type NamedParams<S> = Readonly<{ param(name: keyof S & string): string; values(given: S): unknown[] }>;
+
+export function namedParams<S extends Record<string, unknown>>(types: { readonly [K in keyof S]: string }): NamedParams<S> {
+  const input = batchInput<never, S>([], types);
+  return { param: input.param, values: (given) => input.values([], given) };
+}
+
 /** One named part of a statement: `name AS [MATERIALIZED] (sql)` in its WITH list. */
 export type Part = Readonly<{ name: string; sql: string; materialized?: boolean }>;
 

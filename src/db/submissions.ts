@@ -14,7 +14,7 @@ import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
 import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard } from './counters.ts';
-import { batchInput, withParts, type Column, type Part } from './columns.ts';
+import { batchInput, namedParams, withParts, type Column, type Part } from './columns.ts';
 import { limitParts, type KeyLimits, type Refused } from './rate-limits.ts';
 import { cacheLookupParts, TAKEOVER } from './response-cache.ts';
 
@@ -317,29 +317,38 @@ export class MeteringRefusal extends Error {
 
 const MONTH = `date_trunc('month', now())::date`;
 
+// The metering statements: one submission at a time, each parameter named.
+const CREDIT = namedParams<{ tenancy_id: string }>({ tenancy_id: 'text' });
+const CREDIT_SQL = `SELECT balance_micros FROM sarsen.credit WHERE tenancy_id = ${CREDIT.param('tenancy_id')} FOR UPDATE`;
+
+/** The month's spend rows of a submission's two scopes: its key and its namespace. */
+const SCOPES = namedParams<{ api_key_id: string; namespace_id: string }>({ api_key_id: 'text', namespace_id: 'text' });
+const SPEND_ROWS_SQL = `INSERT INTO sarsen.monthly_spend (scope_id, month)
+  VALUES (${SCOPES.param('api_key_id')}, ${MONTH}), (${SCOPES.param('namespace_id')}, ${MONTH}) ON CONFLICT DO NOTHING`;
+const CAPS_SQL = `SELECT s.scope_id AS scope, s.spent_micros AS spent,
+         coalesce((SELECT spend_limit FROM sarsen.api_keys WHERE id = s.scope_id),
+                  (SELECT spend_limit FROM sarsen.namespaces WHERE id = s.scope_id)) AS cap
+    FROM sarsen.monthly_spend s
+   WHERE s.scope_id IN (${SCOPES.param('api_key_id')}, ${SCOPES.param('namespace_id')}) AND s.month = ${MONTH}
+   ORDER BY s.scope_id
+   FOR UPDATE OF s`;
+
+const DEBIT = namedParams<{ tenancy_id: string; micros: number }>({ tenancy_id: 'text', micros: 'bigint' });
+const DEBIT_SQL = `UPDATE sarsen.credit SET balance_micros = balance_micros - ${DEBIT.param('micros')} WHERE tenancy_id = ${DEBIT.param('tenancy_id')}`;
+
+const SPEND = namedParams<{ api_key_id: string; namespace_id: string; micros: number }>({ api_key_id: 'text', namespace_id: 'text', micros: 'bigint' });
+const SPEND_SQL = `UPDATE sarsen.monthly_spend SET spent_micros = spent_micros + ${SPEND.param('micros')}
+   WHERE scope_id IN (${SPEND.param('api_key_id')}, ${SPEND.param('namespace_id')}) AND month = ${MONTH}`;
+
 /** Checks credit and the key's and namespace's caps under row locks. */
 async function checkMetering(c: PoolClient, r: NewRequest): Promise<void> {
-  const credit = await c.query<{ balance_micros: number }>(
-    `SELECT balance_micros FROM sarsen.credit WHERE tenancy_id = $1 FOR UPDATE`,
-    [r.tenancyId],
-  );
+  const credit = await c.query<{ balance_micros: number }>(CREDIT_SQL, CREDIT.values({ tenancy_id: r.tenancyId }));
   if ((credit.rows[0]?.balance_micros ?? 0) <= 0) {
     throw new MeteringRefusal('insufficient_credits', 'The tenancy has no credit left.');
   }
-  await c.query(
-    `INSERT INTO sarsen.monthly_spend (scope_id, month) VALUES ($1, ${MONTH}), ($2, ${MONTH}) ON CONFLICT DO NOTHING`,
-    [r.apiKeyId, r.namespaceId],
-  );
-  const { rows } = await c.query<{ scope: string; spent: number; cap: number | null }>(
-    `SELECT s.scope_id AS scope, s.spent_micros AS spent,
-            coalesce((SELECT spend_limit FROM sarsen.api_keys WHERE id = s.scope_id),
-                     (SELECT spend_limit FROM sarsen.namespaces WHERE id = s.scope_id)) AS cap
-       FROM sarsen.monthly_spend s
-      WHERE s.scope_id IN ($1, $2) AND s.month = ${MONTH}
-      ORDER BY s.scope_id
-      FOR UPDATE OF s`,
-    [r.apiKeyId, r.namespaceId],
-  );
+  const scopes = SCOPES.values({ api_key_id: r.apiKeyId, namespace_id: r.namespaceId });
+  await c.query(SPEND_ROWS_SQL, scopes);
+  const { rows } = await c.query<{ scope: string; spent: number; cap: number | null }>(CAPS_SQL, scopes);
   for (const row of rows) {
     if (row.cap !== null && row.spent >= row.cap) {
       const what = row.scope === r.apiKeyId ? 'API key' : 'namespace';
@@ -350,11 +359,8 @@ async function checkMetering(c: PoolClient, r: NewRequest): Promise<void> {
 
 async function debit(c: PoolClient, r: NewRequest, micros: number): Promise<void> {
   if (micros <= 0) return;
-  await c.query(`UPDATE sarsen.credit SET balance_micros = balance_micros - $2 WHERE tenancy_id = $1`, [r.tenancyId, micros]);
-  await c.query(
-    `UPDATE sarsen.monthly_spend SET spent_micros = spent_micros + $3 WHERE scope_id IN ($1, $2) AND month = ${MONTH}`,
-    [r.apiKeyId, r.namespaceId, micros],
-  );
+  await c.query(DEBIT_SQL, DEBIT.values({ tenancy_id: r.tenancyId, micros }));
+  await c.query(SPEND_SQL, SPEND.values({ api_key_id: r.apiKeyId, namespace_id: r.namespaceId, micros }));
 }
 
 /**

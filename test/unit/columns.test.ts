@@ -1,7 +1,7 @@
 // The generator of batch statements' parameters (src/db/columns.ts): one table of columns and
 // scalars yields both the SQL that reads the parameters and the values, numbered alike.
 import { expect } from 'chai';
-import { arrayLiteral, batchInput, binarySlice, withParts } from '../../src/db/columns.ts';
+import { arrayLiteral, batchInput, binarySlice, namedParams, withParts } from '../../src/db/columns.ts';
 
 type Row = { id: string; n: number | null; a: Buffer | null; b: Buffer | null };
 
@@ -53,6 +53,12 @@ describe('batch statement parameters', () => {
 
   it('refuses a column it does not have', () => {
     expect(() => INPUT.array('missing')).to.throw('no column missing');
+  });
+
+  it('names the parameters of a statement that is not a batch: numbered in order, given by name', () => {
+    const params = namedParams<{ id: string; attempt: number; error: string | null }>({ id: 'text', attempt: 'int', error: 'text' });
+    expect([params.param('error'), params.param('id'), params.param('attempt')]).to.deep.equal(['$3::text', '$1::text', '$2::int']);
+    expect(params.values({ error: null, attempt: 2, id: 'req_x' })).to.deep.equal(['req_x', 2, null]);
   });
 
   it('joins named parts, in order, into one WITH statement', () => {
