@@ -36,15 +36,17 @@ export type NewSubmission = Omit<NewRequest, 'owner' | 'precounted'> & {
   waited: boolean;
 };
 
-/** What one acceptance commit did: the request it landed on, and the attempt it claimed for this process. */
-export type Acceptance = { submitted: Submitted; claimed: Attempt | null };
-
-/** Acceptance's group commit. */
-export type Submitter = { submit(submission: NewSubmission): Promise<Acceptance>; close(): Promise<void> };
+/** Acceptance's group commit: answers the request the submission landed on. */
+export type Submitter = { submit(submission: NewSubmission): Promise<Submitted>; close(): Promise<void> };
 
 /**
- * The hand-off from acceptance to this process's executor: runs `commit`, one submission's
- * acceptance commit, telling it to claim for `owner` while a slot is free (null: record and
- * enqueue only), and starts the attempt it claimed in that slot right after the commit.
+ * The hand-off from acceptance to this process's executor (docs/durability.md "Run where
+ * accepted"). Before its commit a submission asks for a slot: `reserve` answers the lease owner
+ * its commit claims for, or null when no slot is free (the commit records and enqueues only).
+ * After a commit told to claim, `start` runs the attempt it claimed in that slot, or, given
+ * null (it claimed nothing, or failed), frees the slot.
  */
-export type RunWhereAccepted = (commit: (owner: string | null) => Promise<Acceptance>, opts: { background: boolean }) => Promise<Acceptance>;
+export type RunWhereAccepted = Readonly<{
+  reserve(): string | null;
+  start(claimed: Attempt | null, opts: { background: boolean }): void;
+}>;

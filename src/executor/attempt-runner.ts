@@ -20,9 +20,11 @@ const MAX_CLAIMS = 256;
 // After the grace, how long hand-backs may take to be written before the process goes anyway.
 const HAND_BACK_WAIT_MS = 10_000;
 
-export type AttemptRunner = {
-  /** Runs where accepted: the slot is taken before the commit, and freed when it claimed nothing. */
-  runWhereAccepted: RunWhereAccepted;
+/**
+ * `reserve` and `start`: the hand-off from acceptance in this process (see RunWhereAccepted);
+ * the slot is taken before the commit, and freed when it claimed nothing.
+ */
+export type AttemptRunner = RunWhereAccepted & {
   /** graphile-worker's task: claims the job's request (batched with its neighbours') and runs it; `urgent`: somebody may be waiting on it. */
   runJob(requestId: string, opts?: { urgent?: boolean }): Promise<void>;
   /** Lets attempts finish within the grace, then hands back the rest and waits for that to be written. */
@@ -129,22 +131,16 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
   tick();
 
   return {
-    runWhereAccepted(commit, { background }) {
+    reserve() {
       yielder.arrival();
-      if (stopping || active.size + reserved >= concurrency) return commit(null);
+      if (stopping || active.size + reserved >= concurrency) return null;
       // The slot is this submission's until its commit settles: what it claimed runs in it.
       reserved++;
-      return commit(owner).then(
-        (accepted) => {
-          reserved--;
-          if (accepted.claimed) void execute(accepted.claimed, background);
-          return accepted;
-        },
-        (err: unknown) => {
-          reserved--;
-          throw err;
-        },
-      );
+      return owner;
+    },
+    start(claimed, { background }) {
+      reserved--;
+      if (claimed) void execute(claimed, background);
     },
     async runJob(requestId, opts) {
       const attempt = await claims.add(requestId);

@@ -58,7 +58,7 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
   logger.info('executor started', { owner: deps.processId, concurrency: opts.concurrency });
   let stopping: Promise<void> | null = null;
   return {
-    runWhereAccepted: attemptRunner.runWhereAccepted,
+    runWhereAccepted: attemptRunner,
     stop: (graceMs) =>
       (stopping ??= (async () => {
         unsubscribe();

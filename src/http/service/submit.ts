@@ -112,7 +112,7 @@ export async function acceptSubmission(
   );
   const policy = cachePolicy(auth.cacheTtlMinutes, directive);
   if (TRACING) trace(id, 'submit');
-  const { submitted } = await deps.submitter
+  const submitted = await deps.submitter
     .submit({
       id,
       tenancyId: auth.tenancyId,

@@ -8,8 +8,8 @@ import { createBatchPool, retryTransient, type ConnectionConfig, type Pool } fro
 import type { Settings, SettingsCache } from '../../config/settings.ts';
 import { submitBatch, submitMetered, isRefused, type NewRequest, type Submitted, type SubmitSettings } from '../../db/submissions.ts';
 import { RateLimitRefusal, type Refused } from '../../db/rate-limits.ts';
-import type { Attempt } from '../../db/attempts.ts';
-import type { Acceptance, NewSubmission, RunWhereAccepted, Submitter } from '../../deps.ts';
+import { acceptedAttempt } from '../../db/attempts.ts';
+import type { NewSubmission, RunWhereAccepted, Submitter } from '../../deps.ts';
 import { createBatcher, SPARE_LANE_AT } from '../../core/batcher.ts';
 import { WRITER_SHARD } from '../../db/counters.ts';
 import { TRACING, traceFlush } from '../../trace.ts';
@@ -24,26 +24,6 @@ const submitSettings = (settings: Settings): SubmitSettings => ({
   feeMicros: settings.request_fee_micros,
   leaseMs: settings.lease_ms,
 });
-
-/** The attempt a submission started and this process claimed: everything it needs is at hand. */
-function claimedAttempt(submission: NewSubmission, submitted: Submitted): Attempt {
-  return {
-    id: submitted.requestId,
-    attempt: 1,
-    namespaceId: submission.namespaceId,
-    dialect: submission.dialect,
-    streaming: submission.streaming,
-    forwardedHeaders: submission.forwardedHeaders,
-    hops: submission.hops,
-    body: submission.body,
-    firstSeq: 1,
-    sealedCredential: submission.sealedCredential,
-    backend: submission.backend,
-    jobId: submitted.jobId,
-    cancelRequested: false,
-    tokenLimited: submission.limits?.tokensPerMinute != null,
-  };
-}
 
 /**
  * `pool` serves metered submissions (each its own transaction); batches have a connection of
@@ -65,20 +45,34 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
     return current.metering_enabled ? retryTransient(() => submitMetered(pool, request, submitSettings(current)), OUTAGE_PATIENCE_MS) : batches.add(request);
   };
 
+  // Commits one submission; `owner`: claim it for this process should it start an execution.
+  const commit = async (submission: NewSubmission, owner: string | null): Promise<Submitted> => {
+    for (let precounted = false; ; precounted = true) {
+      const submitted = await commitOnce({ ...submission, owner, precounted });
+      // Null: an identical body's claim was committed meanwhile; the next try lands on it
+      // (its key's window counted it already: the statement that could not place it committed).
+      if (submitted === null) continue;
+      if (isRefused(submitted)) throw new RateLimitRefusal(submitted);
+      return submitted;
+    }
+  };
+
   return {
-    submit(submission) {
-      const commit = async (owner: string | null): Promise<Acceptance> => {
-        for (let precounted = false; ; precounted = true) {
-          const submitted = await commitOnce({ ...submission, owner, precounted });
-          // Null: an identical body's claim was committed meanwhile; the next try lands on it
-          // (its key's window counted it already: the statement that could not place it committed).
-          if (submitted === null) continue;
-          if (isRefused(submitted)) throw new RateLimitRefusal(submitted);
-          const started = owner !== null && !submitted.attached && submitted.cachedFrom === null;
-          return { submitted, claimed: started ? claimedAttempt(submission, submitted) : null };
-        }
-      };
-      return runWhereAccepted ? runWhereAccepted(commit, { background: !submission.waited }) : commit(null);
+    async submit(submission) {
+      // Run where accepted: while this process has a free slot, the commit claims for it.
+      const owner = runWhereAccepted === null ? null : runWhereAccepted.reserve();
+      if (runWhereAccepted === null || owner === null) return commit(submission, null);
+      let submitted: Submitted;
+      try {
+        submitted = await commit(submission, owner);
+      } catch (err) {
+        runWhereAccepted.start(null, { background: false }); // nothing claimed: the slot is free again
+        throw err;
+      }
+      // It claimed only an execution it started: one it attached to, or the cache answered, is not this slot's.
+      const claimed = submitted.attached || submitted.cachedFrom !== null ? null : acceptedAttempt(submission, submitted.jobId);
+      runWhereAccepted.start(claimed, { background: !submission.waited });
+      return submitted;
     },
     close: () => writer.end(),
   };
