@@ -49,37 +49,51 @@ const INBOX_BOUNDS = { frames: 256, bytes: 256 * 1024 };
 const SUPERSEDED: WatchEvent = { type: 'superseded' };
 const IDLE: WatchEvent = { type: 'idle' };
 type Frames = Extract<WatchEvent, { type: 'frames' }>;
+// A turn with nothing to deliver (never delivered, so never emptied by a caller).
+const NO_FRAMES: Frames = { type: 'frames', frames: [], page: false };
 
 /**
- * What a watch is doing. It starts `resuming` when given a resume point, `following` otherwise.
+ * What a watch is doing; each mode is one method, which does that mode's work and chooses the
+ * next. It starts `resuming` when given a resume point, `following` otherwise.
  * - resuming: checking that the resume point is still stored (one that is not belongs to a
  *   discarded attempt: frames are removed only that way while the record lives).
- * - following: delivering what is known: the frames at hand (from the inbox, or from the table
- *   when something says it holds more), then the request's state when news says it changed.
+ * - following: delivering the frames at hand (from the inbox, or from the table when something
+ *   says it holds more), up to any of another attempt than the one followed.
+ * - checking: deciding from what the turn learnt: the request's state is read when news says
+ *   it changed; then settle, read on, deliver an idle tick, or wait.
  * - waiting: nothing known to deliver; asleep until news, the next idle tick or the backstop poll.
  * - settling: the answer is known; delivering the frames not yet delivered (they committed before
  *   the answer, so the table has them), then the answer.
+ * - superseded: the attempt whose frames were delivered was discarded; delivering that says so.
  * - ended: the answer or `superseded` was delivered, the caller left, or the record vanished.
  */
-type Mode = 'resuming' | 'following' | 'waiting' | 'settling' | 'ended';
+export type Mode = 'resuming' | 'following' | 'checking' | 'waiting' | 'settling' | 'superseded' | 'ended';
 
 const NEXT: Readonly<Record<Mode, readonly Mode[]>> = {
-  resuming: ['following', 'ended'],
-  following: ['waiting', 'settling', 'ended'],
+  resuming: ['following', 'superseded'],
+  following: ['checking', 'superseded', 'ended'],
+  checking: ['following', 'waiting', 'settling', 'superseded', 'ended'],
   waiting: ['following'],
   settling: ['ended'],
+  superseded: ['ended'],
   ended: [],
 };
+
+/**
+ * What one step delivers (null: nothing). A step that needs no I/O answers at once: it is not
+ * awaited, since an await costs a promise and a live stream takes a few steps per frame.
+ */
+type Step = WatchEvent | null | Promise<WatchEvent | null>;
 
 export function watch(deps: BaseDeps, request: Watched, opts: WatchOptions): AsyncGenerator<WatchEvent> {
   return new Watch(deps, request, opts).events();
 }
 
-class Watch {
+export class Watch {
   private readonly deps: BaseDeps;
   private readonly request: Watched;
   private readonly opts: WatchOptions;
-  private mode: Mode;
+  private current: Mode;
   /** The last sequence number delivered. */
   private after: number;
   /** The attempt whose frames were delivered (null before the first). */
@@ -109,95 +123,163 @@ class Watch {
     this.deps = deps;
     this.request = request;
     this.opts = opts;
-    this.mode = opts.afterSeq > 0 ? 'resuming' : 'following';
+    this.current = opts.afterSeq > 0 ? 'resuming' : 'following';
     this.after = this.announced = opts.afterSeq;
     this.readTable = this.readState = !opts.fresh;
   }
 
+  get mode(): Mode {
+    return this.current;
+  }
+
   async *events(): AsyncGenerator<WatchEvent> {
-    const { signal, idleMs } = this.opts;
     const unsubscribe = this.deps.bus.onRequest(this.request.id, this.onEvent);
     const unReconnect = this.deps.bus.onReconnect(this.onReconnect);
-    signal.addEventListener('abort', this.poke);
+    this.opts.signal.addEventListener('abort', this.poke);
     try {
-      if (this.mode === 'resuming') {
-        if (await this.resumePointDiscarded()) {
-          this.enter('ended');
-          yield SUPERSEDED;
-          return;
-        }
-        this.enter('following');
-      }
       this.deliveredAt = Date.now();
-      while (this.mode === 'following') {
-        if (signal.aborted) return this.enter('ended');
-        this.heardNews = false;
+      while (this.current !== 'ended') {
+        const step = this.step();
+        const event = step instanceof Promise ? await step : step;
         // The event is the only holder of its frames, and the caller empties it once it sent them:
         // a generator keeps its variables across a yield, and a page kept through the next read
         // outlives the young generation.
-        const event = await this.nextFrames();
-        // A frame of another attempt than the one being followed: that one was discarded.
-        const attempt: number | undefined = this.following ?? event.frames[0]?.attempt;
-        const cut = event.frames.findIndex((f) => f.attempt !== attempt);
-        if (cut !== -1) event.frames = event.frames.slice(0, cut);
-        if (event.frames.length > 0) {
-          this.following = attempt!;
-          this.after = event.frames[event.frames.length - 1]!.seq;
-          this.deliveredAt = Date.now();
-          yield event;
-        }
-        if (cut !== -1) {
-          this.enter('ended');
-          yield SUPERSEDED;
-          return;
-        }
-        if (this.readState && !this.answer) {
-          const state = await this.checkState();
-          if (state === 'vanished') return this.enter('ended');
-          if (state === 'superseded') {
-            this.enter('ended');
-            yield SUPERSEDED;
-            return;
-          }
-        }
-        if (this.answer) {
-          this.enter('settling');
-          break;
-        }
-        // Read on after a full page, or when frames were announced that the inbox did not hold.
-        if (this.readTable || this.announced > this.after || this.heardNews) continue;
-        const quiet = Date.now() - this.deliveredAt;
-        if (quiet >= idleMs) {
-          this.deliveredAt = Date.now();
-          yield IDLE;
-          continue;
-        }
-        this.enter('waiting');
-        await this.sleep(idleMs - quiet);
-        this.enter('following');
+        if (event !== null) yield event;
       }
-      // Settling.
-      for (;;) {
-        const event = await this.nextFrames();
-        if (event.frames.length === 0) break;
-        this.after = event.frames[event.frames.length - 1]!.seq;
-        yield event;
-        if (signal.aborted) return this.enter('ended');
-      }
-      this.enter('ended');
-      yield { type: 'end', answer: this.answer! };
     } finally {
       this.timer.stop();
       unsubscribe();
       unReconnect();
-      signal.removeEventListener('abort', this.poke);
+      this.opts.signal.removeEventListener('abort', this.poke);
     }
+  }
+
+  private step(): Step {
+    switch (this.current) {
+      case 'resuming':
+        return this.resume();
+      case 'following':
+        return this.follow();
+      case 'checking':
+        return this.check();
+      case 'waiting':
+        return this.wait();
+      case 'settling':
+        return this.settle();
+      case 'superseded':
+        return this.supersede();
+      case 'ended':
+        return null;
+    }
+  }
+
+  /** resuming → following, or → superseded when the resume point was handed out and is no longer stored. */
+  private async resume(): Promise<null> {
+    const { pool } = this.deps;
+    const { id } = this.request;
+    const state = await this.db(() => readStreamState(pool, id));
+    const discarded = state !== null && this.after <= state.seqHigh && !(await this.db(() => frameExists(pool, id, this.after)));
+    this.deliveredAt = Date.now();
+    this.enter(discarded ? 'superseded' : 'following');
+    return null;
+  }
+
+  /** following → checking with the frames at hand, → superseded when they run into another attempt's, → ended when the caller left. */
+  private follow(): Step {
+    if (this.opts.signal.aborted) return this.end();
+    this.heardNews = false;
+    const frames = this.takeFrames();
+    return frames instanceof Promise ? frames.then(this.deliver) : this.deliver(frames);
+  }
+
+  private readonly deliver = (event: Frames): Frames | null => {
+    // A frame of another attempt than the one followed: that one was discarded.
+    const attempt: number | undefined = this.following ?? event.frames[0]?.attempt;
+    const cut = event.frames.findIndex((f) => f.attempt !== attempt);
+    if (cut !== -1) event.frames = event.frames.slice(0, cut);
+    this.enter(cut === -1 ? 'checking' : 'superseded');
+    if (event.frames.length === 0) return null;
+    this.following = attempt!;
+    this.after = event.frames[event.frames.length - 1]!.seq;
+    this.deliveredAt = Date.now();
+    return event;
+  };
+
+  /**
+   * checking: the state is read first when news says it changed (→ superseded, or → ended when
+   * the record vanished); then the answer known → settling; more to read or news heard →
+   * following; quiet for `idleMs` → following after an idle tick; else → waiting.
+   */
+  private check(): Step {
+    if (this.readState && !this.answer) return this.checkState().then(this.decide);
+    return this.decide('seen');
+  }
+
+  private readonly decide = (state: 'superseded' | 'vanished' | 'seen'): WatchEvent | null => {
+    if (state === 'vanished') return this.end();
+    if (state === 'superseded' || this.answer) {
+      this.enter(state === 'superseded' ? 'superseded' : 'settling');
+      return null;
+    }
+    // Read on after a full page, or when frames were announced that the inbox did not hold.
+    if (this.readTable || this.announced > this.after || this.heardNews) {
+      this.enter('following');
+      return null;
+    }
+    if (Date.now() - this.deliveredAt < this.opts.idleMs) {
+      this.enter('waiting');
+      return null;
+    }
+    this.deliveredAt = Date.now();
+    this.enter('following');
+    return IDLE;
+  };
+
+  /** waiting → following at news, the next idle tick or the backstop poll. */
+  private wait(): Promise<null> {
+    return new Promise<null>((resolve) => {
+      this.wake = () => {
+        this.wake = null;
+        this.enter('following');
+        resolve(null);
+      };
+      // News heard since this turn began (while its state was read) ends the wait at once.
+      if (this.heardNews) this.wake();
+      else this.timer.wakeWithin(this.opts.idleMs - (Date.now() - this.deliveredAt));
+    });
+  }
+
+  /** settling → ended once the frames not yet delivered were, with the answer; or when the caller left. */
+  private settle(): Step {
+    if (this.opts.signal.aborted) return this.end();
+    const frames = this.takeFrames();
+    return frames instanceof Promise ? frames.then(this.settled) : this.settled(frames);
+  }
+
+  private readonly settled = (event: Frames): WatchEvent => {
+    if (event.frames.length > 0) {
+      this.after = event.frames[event.frames.length - 1]!.seq;
+      return event;
+    }
+    this.enter('ended');
+    return { type: 'end', answer: this.answer! };
+  };
+
+  /** superseded → ended: the one place a watch says the attempt it followed was discarded. */
+  private supersede(): WatchEvent {
+    this.enter('ended');
+    return SUPERSEDED;
+  }
+
+  private end(): null {
+    this.enter('ended');
+    return null;
   }
 
   /** Every change of mode passes here, so a transition the design does not have fails loudly. */
   private enter(next: Mode): void {
-    if (!NEXT[this.mode].includes(next)) throw new Error(`a watch of request ${this.request.id} went from ${this.mode} to ${next}`);
-    this.mode = next;
+    if (!NEXT[this.current].includes(next)) throw new Error(`a watch of request ${this.request.id} went from ${this.current} to ${next}`);
+    this.current = next;
   }
 
   private readonly poke = (): void => {
@@ -220,39 +302,27 @@ class Watch {
     this.poke();
   };
 
-  /** Waits for news or, at most, until the next idle tick or backstop poll. */
-  private sleep(ms: number): Promise<void> {
-    return new Promise<void>((resolve) => {
-      this.wake = () => {
-        this.wake = null;
-        resolve();
-      };
-      this.timer.wakeWithin(ms);
-    });
-  }
-
   /** A read that rides out a database outage (the caller stays held) until it succeeds or the caller leaves. */
   private db<T>(read: () => Promise<T>): Promise<T> {
     return retryTransient(read, Infinity, { signal: this.opts.signal, onReturn: this.onReconnect });
   }
 
-  /** Whether the resume point was handed out and is no longer stored. */
-  private async resumePointDiscarded(): Promise<boolean> {
-    const { pool } = this.deps;
-    const { id } = this.request;
-    const state = await this.db(() => readStreamState(pool, id));
-    return state !== null && this.after <= state.seqHigh && !(await this.db(() => frameExists(pool, id, this.after)));
-  }
-
-  /** The frames to deliver next: the inbox's run after the last delivered, else the table's when it may hold more. */
-  private async nextFrames(): Promise<Frames> {
+  /**
+   * The frames to deliver next: the inbox's run after the last delivered, else the table's when
+   * it may hold more (the only case that waits for I/O).
+   */
+  private takeFrames(): Frames | Promise<Frames> {
     if (!this.request.streaming) {
       this.readTable = false; // a request that was not streamed has no frames
-      return { type: 'frames', frames: [], page: false };
+      return NO_FRAMES;
     }
     const run = this.inbox.takeAfter(this.after);
     if (run) return { type: 'frames', frames: run, page: false };
-    if (!this.readTable && this.announced <= this.after) return { type: 'frames', frames: [], page: false };
+    if (!this.readTable && this.announced <= this.after) return NO_FRAMES;
+    return this.readPage();
+  }
+
+  private async readPage(): Promise<Frames> {
     const before = this.announced;
     const { pool } = this.deps;
     const { id } = this.request;
