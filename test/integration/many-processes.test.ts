@@ -1,4 +1,4 @@
-// Many processes on one primary (docs/scaling.md): four pairs of `--role api` and
+// Many processes on one primary (docs/scaling.md): four pairs, then eight, of `--role api` and
 // `--role executor` processes on one database, under a mixed load spread over the api processes
 // (synchronous and streaming calls, POST /requests, identical bodies sent to two processes at
 // once, replays by id from a process other than the one that accepted), while an executor is
@@ -14,7 +14,7 @@ import { startProcess, type FleetProcess } from '../support/fleet.ts';
 import { answerLoad, startMixedLoad, verifyStored, tally } from '../support/mixed-load.ts';
 import { until } from '../support/http.ts';
 
-const PAIRS = 4;
+const PAIRS = [4, 8];
 const KILL_EVERY_MS = 3000;
 const KILLS = 3;
 
@@ -44,49 +44,60 @@ describe('many processes on one primary', function () {
     await provider?.close();
   });
 
-  // Within PostgreSQL's default max_connections (100) with room to spare.
-  const start = async (role: 'api' | 'executor') => {
-    const p = await startProcess(db.conn, secrets.dir, role, ['--database-connections', role === 'api' ? '6' : '8']);
-    procs.add(p);
-    return p;
-  };
+  // Within PostgreSQL's default max_connections (100): 4 pairs with room to spare (56), 8 at
+  // each role's minimum (80).
+  const connections = (pairs: number, role: 'api' | 'executor') => (pairs <= 4 ? { api: 6, executor: 8 } : { api: 4, executor: 6 })[role];
 
-  it(`${PAIRS} api and ${PAIRS} executor processes serve a mixed load with an executor SIGKILLed every ${KILL_EVERY_MS / 1000} s: nothing lost, nothing run twice, every replay exact`, async () => {
-    const apis = await Promise.all(Array.from({ length: PAIRS }, () => start('api')));
-    let executors = await Promise.all(Array.from({ length: PAIRS }, () => start('executor')));
-    const t = await provision({ url: apis[0]!.url, pool, db } as unknown as TestServer, provider);
+  for (const pairs of PAIRS) {
+    const start = async (role: 'api' | 'executor') => {
+      const p = await startProcess(db.conn, secrets.dir, role, ['--database-connections', String(connections(pairs, role))]);
+      procs.add(p);
+      return p;
+    };
+    // A few at a time: each process starting costs a core for a moment.
+    const startMany = async (n: number, role: 'api' | 'executor') => {
+      const started: FleetProcess[] = [];
+      for (let i = 0; i < n; i += 4) started.push(...(await Promise.all(Array.from({ length: Math.min(4, n - i) }, () => start(role)))));
+      return started;
+    };
 
-    const load = startMixedLoad(apis.map((a) => a.url), t, { concurrency: 24 });
-    const killed: FleetProcess[] = [];
-    while (killed.length < KILLS) {
+    it(`${pairs} api and ${pairs} executor processes serve a mixed load with an executor SIGKILLed every ${KILL_EVERY_MS / 1000} s: nothing lost, nothing run twice, every replay exact`, async () => {
+      const apis = await startMany(pairs, 'api');
+      let executors = await startMany(pairs, 'executor');
+      const t = await provision({ url: apis[0]!.url, pool, db } as unknown as TestServer, provider);
+
+      const load = startMixedLoad(apis.map((a) => a.url), t, { concurrency: 24 });
+      const killed: FleetProcess[] = [];
+      while (killed.length < KILLS) {
+        await new Promise((r) => setTimeout(r, KILL_EVERY_MS));
+        const victim = executors[Math.floor(Math.random() * executors.length)]!;
+        await victim.kill('SIGKILL');
+        procs.delete(victim);
+        killed.push(victim);
+        executors = [...executors.filter((e) => e !== victim), await start('executor')];
+      }
       await new Promise((r) => setTimeout(r, KILL_EVERY_MS));
-      const victim = executors[Math.floor(Math.random() * executors.length)]!;
-      await victim.kill('SIGKILL');
-      procs.delete(victim);
-      killed.push(victim);
-      executors = [...executors.filter((e) => e !== victim), await start('executor')];
-    }
-    await new Promise((r) => setTimeout(r, KILL_EVERY_MS));
-    const summary = await load.stop();
-    const check = await until(async () => {
-      const c = await verifyStored(pool, provider, summary.accepted);
-      return c.unfinished.length === 0 ? c : undefined;
-    }, 90_000, 250);
-    const recovered = (await pool.query<{ n: number }>('SELECT coalesce(sum(recoveries), 0)::int AS n FROM sarsen.requests')).rows[0]!.n;
-    const streams = summary.ops.filter((o) => o.stream);
-    console.log(`      ${summary.ops.length} calls (${tally(summary.ops)}); ${check.requests} requests, ${recovered} recovered; ${killed.length} executors killed;`
-      + ` streams ${streams.filter((o) => o.stream === 'finished').length} finished, ${streams.filter((o) => o.stream === 'superseded').length} superseded`);
+      const summary = await load.stop();
+      const check = await until(async () => {
+        const c = await verifyStored(pool, provider, summary.accepted);
+        return c.unfinished.length === 0 ? c : undefined;
+      }, 90_000, 250);
+      const recovered = (await pool.query<{ n: number }>('SELECT coalesce(sum(recoveries), 0)::int AS n FROM sarsen.requests WHERE namespace_id = $1', [t.namespaceId])).rows[0]!.n;
+      const streams = summary.ops.filter((o) => o.stream);
+      console.log(`      ${summary.ops.length} calls (${tally(summary.ops)}); ${check.requests} requests, ${recovered} recovered; ${killed.length} executors killed;`
+        + ` streams ${streams.filter((o) => o.stream === 'finished').length} finished, ${streams.filter((o) => o.stream === 'superseded').length} superseded`);
 
-    expect(summary.errors, summary.errors.join('\n')).to.deep.equal([]);
-    expect(summary.mismatches, summary.mismatches.join('\n')).to.deep.equal([]);
-    expect(summary.ops.filter((o) => o.status >= 300), tally(summary.ops)).to.deep.equal([]);
-    // A live stream whose attempt died ends with `event: failed` (superseded), never cut short.
-    expect(streams.filter((o) => o.stream !== 'finished' && o.stream !== 'superseded')).to.deep.equal([]);
-    expect(check.lostAccepted, 'accepted requests missing').to.deep.equal([]);
-    expect(check.doubleCalls, 'provider calls beyond one per attempt, or bodies that ran as two requests').to.deep.equal([]);
-    expect(summary.ops.filter((o) => o.kind === 'replay').length).to.be.greaterThan(0);
-    expect(summary.ops.filter((o) => o.kind === 'duplicate').length).to.be.greaterThan(0);
-    // The api processes outlived the kills.
-    for (const a of apis) expect(a.child.exitCode, a.output().slice(-2000)).to.equal(null);
-  });
+      expect(summary.errors, summary.errors.join('\n')).to.deep.equal([]);
+      expect(summary.mismatches, summary.mismatches.join('\n')).to.deep.equal([]);
+      expect(summary.ops.filter((o) => o.status >= 300), tally(summary.ops)).to.deep.equal([]);
+      // A live stream whose attempt died ends with `event: failed` (superseded), never cut short.
+      expect(streams.filter((o) => o.stream !== 'finished' && o.stream !== 'superseded')).to.deep.equal([]);
+      expect(check.lostAccepted, 'accepted requests missing').to.deep.equal([]);
+      expect(check.doubleCalls, 'provider calls beyond one per attempt, or bodies that ran as two requests').to.deep.equal([]);
+      expect(summary.ops.filter((o) => o.kind === 'replay').length).to.be.greaterThan(0);
+      expect(summary.ops.filter((o) => o.kind === 'duplicate').length).to.be.greaterThan(0);
+      // The api processes outlived the kills.
+      for (const a of apis) expect(a.child.exitCode, a.output().slice(-2000)).to.equal(null);
+    });
+  }
 });
