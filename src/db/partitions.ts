@@ -27,7 +27,8 @@ type Family = Readonly<{ tables: readonly string[]; unit: Unit; byId: boolean; a
 
 const DAY_MS = 86_400_000;
 export const PAYLOADS: Family = { tables: ['request_bodies', 'responses', 'chunks'], unit: 'day', byId: true, aheadMs: 3 * DAY_MS };
-export const REQUESTS: Family = { tables: ['requests'], unit: 'month', byId: true, aheadMs: 31 * DAY_MS };
+// The provider response ids of background responses live as long as their request rows (migration 023).
+export const REQUESTS: Family = { tables: ['requests', 'provider_response_ids'], unit: 'month', byId: true, aheadMs: 31 * DAY_MS };
 // The ledger's key is a sequence: each partition carries its own primary key (migration 020).
 export const LEDGER: Family = { tables: ['ledger'], unit: 'month', byId: false, aheadMs: 31 * DAY_MS, ownKey: 'id' };
 const FAMILIES = [PAYLOADS, REQUESTS, LEDGER];
@@ -149,7 +150,7 @@ export async function finishRetired(db: Db): Promise<number> {
   const { rows } = await db.query<{ name: string }>(
     `SELECT c.relname AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = 'sarsen' AND c.relkind = 'r' AND NOT c.relispartition
-        AND c.relname ~ '^(request_bodies|responses|chunks|requests|ledger)_(p[0-9]{6}([0-9]{2})?|legacy)$'`,
+        AND c.relname ~ '^(request_bodies|responses|chunks|requests|provider_response_ids|ledger)_(p[0-9]{6}([0-9]{2})?|legacy)$'`,
   );
   for (const r of rows) await db.query(`DROP TABLE sarsen.${r.name}`);
   return left.length + rows.length;

@@ -108,16 +108,22 @@ export async function sweepLapsedClaims(pool: Db, limit: number): Promise<number
   return rowCount ?? 0;
 }
 
-/** Listing metadata past its own horizon: the request row goes entirely. */
+/** Listing metadata past its own horizon: the request row goes entirely, and its provider response ids with it. */
 export async function sweepListingRows(pool: Db, days: number, limit: number): Promise<number> {
-  const { rowCount } = await pool.query(
-    `DELETE FROM sarsen.requests WHERE id IN (
-       SELECT id FROM sarsen.requests
-        WHERE expired AND status IN ('succeeded', 'failed') AND finished_at < now() - make_interval(days => $1::int)
-        ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+  const { rows } = await pool.query<{ deleted: number }>(
+    `WITH gone AS (
+       DELETE FROM sarsen.requests WHERE id IN (
+         SELECT id FROM sarsen.requests
+          WHERE expired AND status IN ('succeeded', 'failed') AND finished_at < now() - make_interval(days => $1::int)
+          ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+       RETURNING id
+     ), ids AS (
+       DELETE FROM sarsen.provider_response_ids WHERE request_id IN (SELECT id FROM gone)
+     )
+     SELECT count(*)::int AS deleted FROM gone`,
     [days, limit],
   );
-  return rowCount ?? 0;
+  return rows[0]!.deleted;
 }
 
 /**

@@ -13,7 +13,7 @@ import { call } from '../support/control-plane.ts';
 import { runRetentionSweep } from '../../src/executor/retention.ts';
 import { recountStorage } from '../../src/db/accounting.ts';
 import { createPool } from '../../src/db/pool.ts';
-import { ensurePartitions, listPartitions, PAYLOADS } from '../../src/db/partitions.ts';
+import { ensurePartitions, listPartitions, PAYLOADS, REQUESTS } from '../../src/db/partitions.ts';
 import { firstIdAt, idTime } from '../../src/core/ids.ts';
 import { floorTo, partitionName } from '../../src/core/partitions.ts';
 
@@ -34,7 +34,7 @@ describe('time partitions', function () {
     const db = await createTestDatabase({ retention_sweep_interval_ms: 86_400_000, shutdown_grace_ms: 200 });
     const pool = createPool(db.conn, { max: 2 });
     try {
-      for (const p of await listPartitions(pool, [...PAYLOADS.tables, 'requests', 'ledger'])) {
+      for (const p of await listPartitions(pool, [...PAYLOADS.tables, ...REQUESTS.tables, 'ledger'])) {
         await pool.query(`ALTER TABLE sarsen.${p.table} DETACH PARTITION sarsen.${p.name}`);
         await pool.query(`DROP TABLE sarsen.${p.name}`);
       }
@@ -98,10 +98,13 @@ describe('time partitions', function () {
 
   it('creates partitions ahead: payloads three days, request rows and the ledger into next month', async () => {
     const now = Date.now();
-    for (const table of [...PAYLOADS.tables, 'requests', 'ledger']) {
+    for (const table of [...PAYLOADS.tables, ...REQUESTS.tables, 'ledger']) {
       const newest = (await listPartitions(server.pool, [table])).pop()!;
-      expect(newest.hiMs, table).to.be.at.least(table === 'requests' || table === 'ledger' ? now + 31 * DAY : now + 3 * DAY);
+      expect(newest.hiMs, table).to.be.at.least(table === 'ledger' || REQUESTS.tables.includes(table) ? now + 31 * DAY : now + 3 * DAY);
     }
+    // Provider response ids live as long as their request rows: the same ranges.
+    const bounds = async (table: string) => (await listPartitions(server.pool, [table])).map((p) => `${p.lo}..${p.hi}`);
+    expect(await bounds('provider_response_ids')).to.deep.equal(await bounds('requests'));
     expect(await ensurePartitions(server.pool)).to.equal(0); // nothing missing: each is made once
     const bodies = (await listPartitions(server.pool, ['request_bodies'])).length;
     await ensurePartitions(server.pool, now + 2 * DAY);
@@ -194,7 +197,12 @@ describe('time partitions', function () {
 
   it('drops request rows and the ledger a month at a time past their own horizons', async () => {
     const [month] = await listPartitions(server.pool, ['requests']);
-    const old = (await server.pool.query(`SELECT id FROM sarsen.requests WHERE id >= $1 AND id < $2 LIMIT 1`, [month!.lo ?? '', month!.hi])).rows[0].id as string;
+    const old = (await server.pool.query(`SELECT id, namespace_id FROM sarsen.requests WHERE id >= $1 AND id < $2 LIMIT 1`, [month!.lo ?? '', month!.hi])).rows[0].id as string;
+    // A provider response id recorded for it (a background response's) goes with its month.
+    await server.pool.query(
+      `INSERT INTO sarsen.provider_response_ids (namespace_id, provider_id, request_id, attempt) SELECT namespace_id, 'resp_old', id, 1 FROM sarsen.requests WHERE id = $1`,
+      [old],
+    );
     expect((await rawRequest(`${a.base}/requests/${old}/summary`, { headers: { 'x-sarsen-key': a.key } })).status).to.be.oneOf([200, 404]);
     const setDays = async (listing: number, ledger: number) => {
       await server.pool.query(`UPDATE sarsen.settings SET value = to_jsonb($1::int) WHERE name = 'listing_horizon_days'`, [listing]);
@@ -209,6 +217,8 @@ describe('time partitions', function () {
       expect(names.has(month!.name)).to.equal(false);
       expect((await server.pool.query(`SELECT count(*)::int AS n FROM sarsen.requests WHERE id = $1`, [old])).rows[0].n).to.equal(0);
       expect((await server.pool.query(`SELECT count(*)::int AS n FROM sarsen.ledger WHERE request_id = $1`, [old])).rows[0].n).to.equal(0);
+      expect((await server.pool.query(`SELECT count(*)::int AS n FROM sarsen.provider_response_ids WHERE request_id = $1`, [old])).rows[0].n).to.equal(0);
+      expect((await listPartitions(server.pool, ['provider_response_ids'])).map((p) => p.hi)).to.not.include(month!.hi);
       // The current months are still being written: they stay, and so do their records.
       expect(names.has(partitionName('requests', floorTo(Date.now(), 'month'), 'month'))).to.equal(true);
       expect(names.has(partitionName('ledger', floorTo(Date.now(), 'month'), 'month'))).to.equal(true);

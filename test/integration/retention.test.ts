@@ -155,9 +155,15 @@ describe('retention', function () {
     await age([old], 401 * 24 * 60); // past listing_horizon_days (400)
     await server.pool.query(`UPDATE sarsen.ledger SET created_at = now() - interval '2558 days' WHERE request_id = $1`, [old]);
     await age([recent], 20);
+    // Provider response ids (background responses) live as long as the row, and go with it.
+    await server.pool.query(
+      `INSERT INTO sarsen.provider_response_ids (namespace_id, provider_id, request_id, attempt) SELECT namespace_id, 'resp_' || id, id, 1 FROM sarsen.requests WHERE id = ANY($1)`,
+      [[old, recent]],
+    );
     await runRetentionSweep(server); // sweeps both records' bodies first...
     await runRetentionSweep(server); // ...then the ancient row's metadata
     expect((await server.pool.query(`SELECT id FROM sarsen.requests WHERE id = ANY($1)`, [[old, recent]])).rows.map((r) => r.id)).to.deep.equal([recent]);
+    expect((await server.pool.query(`SELECT request_id FROM sarsen.provider_response_ids WHERE request_id = ANY($1)`, [[old, recent]])).rows.map((r) => r.request_id)).to.deep.equal([recent]);
     expect((await server.pool.query(`SELECT count(*)::int AS n FROM sarsen.ledger WHERE request_id = $1`, [old])).rows[0].n).to.equal(0);
     expect((await server.pool.query(`SELECT count(*)::int AS n FROM sarsen.ledger WHERE request_id = $1`, [recent])).rows[0].n).to.equal(1);
     expect((await read(t, old)).status).to.equal(404); // nothing of it is left to be swept
