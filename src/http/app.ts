@@ -22,7 +22,7 @@ export type Readiness = () => Promise<boolean>;
 const SERVED =
   'Sarsen serves, under /{tenancy}/{namespace}/v1: POST /chat/completions, POST /messages, POST /responses, ' +
   'POST /requests?dialect=chat|messages|responses, GET /requests/{id} (the record, or its stream replayed), ' +
-  'POST /requests/{id}/cancel, GET /requests, GET /usage, GET /storage, and GET, DELETE /responses/{id}, ' +
+  'GET /requests/{id}/summary, POST /requests/{id}/cancel, GET /requests, GET /requests/export, GET /usage, GET /storage, and GET, DELETE /responses/{id}, ' +
   'POST /responses/{id}/cancel and GET /responses/{id}/input_items (background responses). ' +
   'There is no model-listing, token-counting or embeddings route.';
 const ADMIN_PATH = /^\/[^/]+\/v1(\/|$)/;
