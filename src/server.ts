@@ -19,6 +19,7 @@ import { createKeyring } from './core/sealing.ts';
 import type { BaseDeps, Deps } from './deps.ts';
 import { apiRouters } from './http/routes.ts';
 import { startExecutor, type Executor } from './executor/worker.ts';
+import { startBatchDispatcher } from './executor/batch-dispatch.ts';
 import { createLiveness } from './db/liveness.ts';
 import { newId } from './core/ids.ts';
 import { ServiceError } from './core/errors.ts';
@@ -116,6 +117,9 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     });
     const executor: Executor | null = liveness ? await startExecutor(base, conn, { concurrency: opts.serve.executorConcurrency, liveness }) : null;
     if (executor) cleanups.push(() => executor.stop(0));
+    // Batch lines reach the queue through the dispatcher of some executor (docs/api.md "Batches").
+    const batches = executor ? startBatchDispatcher(base) : null;
+    if (batches) cleanups.push(() => batches.stop());
     // Where execution starts: a process that also executes claims what it accepts, in the
     // acceptance commit while it has a free slot, and its executor starts the provider call
     // right after that commit (docs/durability.md "Run where accepted"). Otherwise jobs carry it.

@@ -37,6 +37,12 @@ export const SETTING_SCHEMAS = {
   sign_in_failures_per_address: z.number().int().min(1).max(1_000_000_000),
   sign_in_window_ms: ms(1000, 7 * DAY_MS),
   trusted_proxy_hops: z.number().int().min(0).max(16),
+  // Batches (docs/api.md "Batches").
+  batch_file_max_bytes: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+  batch_max_lines: z.number().int().min(1).max(10_000_000),
+  message_batch_max_bytes: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+  batch_lines_in_flight: z.number().int().min(1).max(100_000),
+  message_batch_window_ms: ms(1000, DAY_MS),
 } as const;
 
 export type SettingName = keyof typeof SETTING_SCHEMAS;

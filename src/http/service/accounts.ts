@@ -9,6 +9,7 @@ import { encodeCursor, decodeCursor } from '../../core/cursor.ts';
 import { parseListingFilter, cursorScope } from '../../core/listing-filter.ts';
 import { listRequests, findListingRow, namespaceTotals, usageByKey, type ListingRow } from '../../db/accounting.ts';
 import { rateWindows, type RateWindow } from '../../db/rate-limits.ts';
+import { batchStorage } from '../../db/files.ts';
 
 export const DEFAULT_LIMIT = 50;
 export const MAX_LIMIT = 200;
@@ -141,13 +142,16 @@ export function accountRoutes(deps: Deps, router: Router, scope: NamespaceScope)
 
   router.get(`${base}/storage`, ...guards, async (_req: Request, res: Response) => {
     const auth = { namespaceId: scope.namespaceId(res) };
-    const t = await namespaceTotals(deps.pool, auth.namespaceId);
+    const [t, b] = await Promise.all([namespaceTotals(deps.pool, auth.namespaceId), batchStorage(deps.pool, auth.namespaceId)]);
     res.json({
       namespace_id: auth.namespaceId,
-      stored_bytes: t.request_bytes + t.response_bytes + t.chunk_bytes,
+      stored_bytes: t.request_bytes + t.response_bytes + t.chunk_bytes + b.file_bytes + b.batch_bytes,
       request_bytes: t.request_bytes,
       response_bytes: t.response_bytes,
       chunk_bytes: t.chunk_bytes,
+      // Uploaded files, byte for byte, and the bodies of batch lines not yet run (docs/api.md "Batches").
+      file_bytes: b.file_bytes,
+      batch_bytes: b.batch_bytes,
     });
   });
 }

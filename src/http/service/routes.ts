@@ -14,6 +14,9 @@ import { cancelHandler } from './cancel.ts';
 import { noteSubmission } from '../observe.ts';
 import { trackStream } from '../../metrics/metrics.ts';
 import { backgroundField, answerBackground, backgroundRoutes } from './background.ts';
+import { fileRoutes } from './files.ts';
+import { batchRoutes } from './batches.ts';
+import { messageBatchRoutes } from './batches-anthropic.ts';
 
 const BASE = '/:tenancy/:namespace/v1';
 // Names the request whose stored answer the response cache served (docs/api.md "Response cache").
@@ -64,6 +67,10 @@ export function serviceRouter(deps: Deps): Router {
   router.post(`${BASE}/requests/:id/cancel`, use, (req, res) => cancelHandler(deps, req, res, serviceAuthOf(res).namespaceId));
 
   backgroundRoutes(deps, router, BASE, use);
+  // The vendors' batch APIs (docs/api.md "Batches").
+  fileRoutes(deps, router, BASE, use);
+  batchRoutes(deps, router, BASE, use);
+  messageBatchRoutes(deps, router, BASE, use);
 
   router.get(`${BASE}/requests/:id`, use, (req, res) => readRequest(deps, req, res, serviceAuthOf(res).namespaceId));
 

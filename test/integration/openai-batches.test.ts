@@ -1,0 +1,203 @@
+// OpenAI's Files and Batches APIs (issue 43) over real HTTP with the unmodified openai SDK:
+// Sarsen runs the batch itself, every line an ordinary request (docs/api.md "Batches").
+import { expect } from 'chai';
+import OpenAI, { NotFoundError, toFile } from 'openai';
+import { startTestServer, type TestServer } from '../support/server.ts';
+import { startFakeProvider, chatCompletionBody, type FakeProvider, type JournalEntry } from '../support/fake-provider.ts';
+import { provision, type Tenant } from '../support/tenant.ts';
+import { rawRequest, json, until } from '../support/http.ts';
+import { gate } from './streaming-support.ts';
+
+type Line = { id: string; custom_id: string; response: { status_code: number; request_id: string | null; body: unknown } | null; error: { code: string; message: string } | null };
+
+/** The raw bytes of each result line's response body, by custom_id (the text between `"body":` and the line's end). */
+function rawBodies(text: string): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const line of text.split('\n').filter(Boolean)) {
+    const m = /^\{"id":"[^"]+","custom_id":("(?:[^"\\]|\\.)*"),"response":\{"status_code":\d+,"request_id":(?:"[^"]*"|null),"body":(.*)\},"error":.*\}$/.exec(line);
+    if (m) out.set(JSON.parse(m[1]!) as string, m[2]!);
+  }
+  return out;
+}
+
+const lines = (text: string): Line[] => text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Line);
+
+describe('OpenAI batches', function () {
+  this.timeout(90_000);
+  let server: TestServer;
+  let provider: FakeProvider;
+  let t: Tenant;
+  let other: Tenant;
+  let unique = 0;
+  const marker = () => `batch-${process.pid}-${++unique}`;
+
+  before(async () => {
+    provider = await startFakeProvider();
+    server = await startTestServer({ settings: { retry_base_ms: 20, retry_max_ms: 50, batch_lines_in_flight: 2 } });
+    t = await provision(server, provider);
+    other = await provision(server, provider, { namespace: 'elsewhere' });
+  });
+  after(async () => {
+    await server?.close();
+    await provider?.close();
+  });
+  beforeEach(() => provider.reset());
+
+  const client = (tenant = t) => new OpenAI({ baseURL: tenant.base, apiKey: tenant.key, maxRetries: 0 });
+  const chatLine = (customId: string, content: string, extra: Record<string, unknown> = {}) =>
+    JSON.stringify({ custom_id: customId, method: 'POST', url: '/v1/chat/completions', body: { model: 'gpt-test', messages: [{ role: 'user', content }], ...extra } });
+  const upload = async (text: string, tenant = t) => client(tenant).files.create({ file: await toFile(Buffer.from(text), 'input.jsonl'), purpose: 'batch' });
+  const content = async (id: string, tenant = t) => Buffer.from(await (await client(tenant).files.content(id)).arrayBuffer()).toString('utf8');
+  const ended = (id: string, status: string) =>
+    until(async () => {
+      const b = await client().batches.retrieve(id);
+      return b.status === status ? b : undefined;
+    }, 60_000);
+  const contentOf = (e: JournalEntry) => e.json?.messages?.[0]?.content as string | undefined;
+
+  it('a batch of a few lines completes: one result per custom_id, each body the provider\'s answer byte for byte', async () => {
+    const m = marker();
+    // Answers spelled unusually (spacing, key order), so a re-serialisation would show.
+    const answers = new Map<string, string>();
+    provider.rule((e) => {
+      const text = contentOf(e);
+      if (!text?.startsWith(m)) return undefined;
+      const body = `{ "id":"chatcmpl-${text}",  "object":"chat.completion","created":1,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"answer to ${text} \\u00e9"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7} }`;
+      answers.set(text, body);
+      return { kind: 'json', body };
+    });
+    const input = [chatLine('a', `${m}-a`), chatLine('b', `${m}-b`), '', chatLine('c', `${m}-c`)].join('\n') + '\n';
+    const file = await upload(input);
+    expect(file).to.include({ object: 'file', purpose: 'batch', bytes: Buffer.byteLength(input), filename: 'input.jsonl', status: 'processed' });
+    expect(file.id).to.match(/^file-/);
+    // The input is kept byte for byte.
+    expect(await content(file.id)).to.equal(input);
+    expect((await client().files.retrieve(file.id)).bytes).to.equal(Buffer.byteLength(input));
+
+    const created = await client().batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h', metadata: { m } });
+    expect(created).to.include({ object: 'batch', endpoint: '/v1/chat/completions', input_file_id: file.id, completion_window: '24h' });
+    expect(created.id).to.match(/^batch_/);
+    expect(created.metadata).to.deep.equal({ m });
+    expect(['in_progress', 'finalizing', 'completed']).to.include(created.status);
+    expect(created.request_counts!.total).to.equal(3);
+
+    const done = await ended(created.id, 'completed');
+    expect(done.request_counts).to.deep.equal({ total: 3, completed: 3, failed: 0 });
+    expect(done.error_file_id).to.equal(null);
+    const output = await content(done.output_file_id!);
+    const results = lines(output);
+    expect(results.map((r) => r.custom_id).sort()).to.deep.equal(['a', 'b', 'c']);
+    const bodies = rawBodies(output);
+    for (const id of ['a', 'b', 'c']) {
+      expect(bodies.get(id), id).to.equal(answers.get(`${m}-${id}`));
+      const r = results.find((x) => x.custom_id === id)!;
+      expect(r.response!.status_code).to.equal(200);
+      expect(r.error).to.equal(null);
+      // Each line is a Sarsen request of the batch's key.
+      const record = json(await rawRequest(`${t.base}/requests/${r.response!.request_id}`, { headers: { 'x-sarsen-key': t.key } }));
+      expect(record).to.include({ status: 'succeeded', dialect: 'chat' });
+    }
+    expect((await client().files.retrieve(done.output_file_id!)).bytes).to.equal(Buffer.byteLength(output));
+    expect(provider.journal.filter((e) => contentOf(e)?.startsWith(m))).to.have.length(3);
+    const listed = await client().batches.list({ limit: 100 });
+    expect(listed.data.map((b) => b.id)).to.include(created.id);
+    // The input file counts in storage.
+    const storage = json(await rawRequest(`${t.base}/storage`, { headers: { 'x-sarsen-key': t.key } }));
+    expect(storage.file_bytes).to.be.at.least(Buffer.byteLength(input));
+  });
+
+  it('a refused line lands in the error file with the provider\'s status and body; a line Sarsen refuses, with Sarsen\'s code', async () => {
+    const m = marker();
+    const refusal = `{"error":{"message":"no thanks ${m}","type":"invalid_request_error","param":null,"code":"refused"}}`;
+    provider.rule((e) => (contentOf(e) === `${m}-refuse` ? { kind: 'refuse', status: 400, body: refusal } : undefined));
+    const input = [
+      chatLine('good', `${m}-good`),
+      chatLine('refuse', `${m}-refuse`),
+      JSON.stringify({ custom_id: 'unrouted', method: 'POST', url: '/v1/chat/completions', body: { model: 'nothing-routes-this', messages: [] } }),
+      chatLine('stream', `${m}-stream`, { stream: true }),
+    ].join('\n');
+    const file = await upload(input);
+    const created = await client().batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    const done = await ended(created.id, 'completed');
+    expect(done.request_counts).to.deep.equal({ total: 4, completed: 1, failed: 3 });
+    expect(lines(await content(done.output_file_id!)).map((r) => r.custom_id)).to.deep.equal(['good']);
+    const errorText = await content(done.error_file_id!);
+    const errors = lines(errorText);
+    expect(errors.map((r) => r.custom_id)).to.deep.equal(['refuse', 'unrouted', 'stream']);
+    expect(errors[0]!.response!.status_code).to.equal(400);
+    expect(rawBodies(errorText).get('refuse')).to.equal(refusal);
+    expect(errors[1]!.response!.status_code).to.equal(404);
+    expect(errors[1]!.error!.code).to.equal('not_found');
+    expect(errors[2]!.response!.status_code).to.equal(400);
+    expect(errors[2]!.error!.code).to.equal('bad_request');
+  });
+
+  it('an invalid input file fails validation with the lines named', async () => {
+    const input = [chatLine('a', 'x'), '{not json', JSON.stringify({ custom_id: 'c', method: 'POST', url: '/v1/responses', body: {} }), chatLine('a', 'y')].join('\n');
+    const file = await upload(input);
+    const created = await client().batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    expect(created.status).to.equal('failed');
+    expect(created.errors!.data!.map((e) => [e.line, e.code])).to.deep.equal([[2, 'invalid_json_line'], [3, 'mismatched_endpoint']]);
+    const dup = await client().batches.create({ input_file_id: (await upload([chatLine('a', 'x'), chatLine('a', 'y')].join('\n'))).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    expect(dup.status).to.equal('failed');
+    expect(dup.errors!.data!.map((e) => [e.line, e.code])).to.deep.equal([[2, 'duplicate_custom_id']]);
+  });
+
+  it('cancel mid-batch ends cancelled, with partial results and the counts adding up', async () => {
+    const m = marker();
+    const held = gate();
+    provider.rule((e) => (contentOf(e)?.startsWith(m) ? { kind: 'json', body: chatCompletionBody(`done ${contentOf(e)}`), after: held.until } : undefined));
+    const input = Array.from({ length: 10 }, (_, i) => chatLine(`line-${i}`, `${m}-${i}`)).join('\n');
+    const created = await client().batches.create({ input_file_id: (await upload(input)).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    // Two lines in flight at most (batch_lines_in_flight): the others wait.
+    await provider.waitUntil(() => provider.journal.filter((e) => contentOf(e)?.startsWith(m)).length === 2);
+    const cancelling = await client().batches.cancel(created.id);
+    expect(cancelling.status).to.equal('cancelling');
+    held.open();
+    const done = await ended(created.id, 'cancelled');
+    expect(done.cancelled_at).to.be.a('number');
+    expect(done.request_counts).to.deep.equal({ total: 10, completed: 2, failed: 8 });
+    expect(lines(await content(done.output_file_id!))).to.have.length(2);
+    const errors = lines(await content(done.error_file_id!));
+    expect(errors).to.have.length(8);
+    expect(errors.every((e) => e.error!.code === 'batch_cancelled' && e.response === null)).to.equal(true);
+    expect(provider.journal.filter((e) => contentOf(e)?.startsWith(m))).to.have.length(2);
+  });
+
+  it('a line that outlives its window ends expired', async () => {
+    const m = marker();
+    const held = gate();
+    provider.rule((e) => (contentOf(e)?.startsWith(m) ? { kind: 'json', body: chatCompletionBody('late'), after: held.until } : undefined));
+    const input = Array.from({ length: 5 }, (_, i) => chatLine(`line-${i}`, `${m}-${i}`)).join('\n');
+    // Sarsen takes windows shorter than the vendor's 24h (docs/api.md "Batches").
+    const created = await client().batches.create({ input_file_id: (await upload(input)).id, endpoint: '/v1/chat/completions', completion_window: '2s' as '24h' });
+    await provider.waitUntil(() => provider.journal.filter((e) => contentOf(e)?.startsWith(m)).length === 2);
+    await until(async () => ((await client().batches.retrieve(created.id)).expired_at ? true : undefined), 30_000);
+    held.open();
+    const done = await ended(created.id, 'expired');
+    expect(done.request_counts).to.deep.equal({ total: 5, completed: 2, failed: 3 });
+    const errors = lines(await content(done.error_file_id!));
+    expect(errors.map((e) => e.error!.code)).to.deep.equal(['batch_expired', 'batch_expired', 'batch_expired']);
+  });
+
+  it('another namespace\'s batch or file is 404', async () => {
+    const file = await upload(chatLine('a', marker()));
+    const created = await client().batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    const elsewhere = client(other);
+    for (const call of [
+      () => elsewhere.batches.retrieve(created.id),
+      () => elsewhere.batches.cancel(created.id),
+      () => elsewhere.files.retrieve(file.id),
+      () => elsewhere.files.content(file.id),
+      () => elsewhere.files.delete(file.id),
+      () => elsewhere.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' }),
+    ]) {
+      let caught: unknown;
+      await call().catch((err: unknown) => (caught = err));
+      expect(caught).to.be.instanceOf(NotFoundError);
+    }
+    expect((await elsewhere.batches.list()).data.map((b) => b.id)).to.not.include(created.id);
+    expect((await elsewhere.files.list()).data.map((f) => f.id)).to.not.include(file.id);
+    expect(await client().files.delete(file.id)).to.deep.equal({ id: file.id, object: 'file', deleted: true });
+  });
+});
