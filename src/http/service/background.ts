@@ -29,28 +29,6 @@ const SUPERSEDED_MESSAGE =
   'The worker producing this response died and another attempt took it over; the events after starting_after belonged to the discarded attempt. ' +
   'Retrieve the stream again without starting_after to read the new attempt from its first event.';
 
-/**
- * Watches a POST /responses body for `"background": true` while the submission reads it (both
- * listen to the same data events), so the route can tell without reading the body twice.
- * Call before acceptSubmission, in the same turn.
- */
-export function backgroundField(req: Request): () => boolean {
-  const chunks: Buffer[] = [];
-  const onData = (chunk: Buffer) => chunks.push(chunk);
-  req.on('data', onData);
-  return () => {
-    req.off('data', onData);
-    const text = Buffer.concat(chunks).toString('utf8');
-    chunks.length = 0;
-    if (!text.includes('"background"')) return false;
-    try {
-      return (JSON.parse(text) as { background?: unknown })?.background === true;
-    } catch {
-      return false;
-    }
-  };
-}
-
 /** The stored body, parsed (numbers keep their spelling), or null. */
 function storedBody(row: ResponseRow): JsonObject | null {
   if (row.body === null) return null;

@@ -13,7 +13,7 @@ import { exportRoute } from './export.ts';
 import { cancelHandler } from './cancel.ts';
 import { noteSubmission } from '../observe.ts';
 import { trackStream } from '../../metrics/metrics.ts';
-import { backgroundField, answerBackground, backgroundRoutes } from './background.ts';
+import { answerBackground, backgroundRoutes } from './background.ts';
 import { fileRoutes } from './files.ts';
 import { batchRoutes } from './batches.ts';
 import { messageBatchRoutes } from './batches-anthropic.ts';
@@ -24,14 +24,13 @@ const CACHED_FROM_HEADER = 'x-sarsen-cached-from';
 
 async function synchronous(deps: Deps, req: Request, res: Response, dialect: Dialect): Promise<void> {
   const auth = serviceAuthOf(res);
-  // Sarsen acts on one body field, the Responses `background` (docs/api.md "Background responses").
-  const background = dialect === 'responses' ? backgroundField(req) : null;
   // Accepted (and, in a process that also executes, claimed and running: see server.ts).
   const accepted = await acceptSubmission(deps, req, auth, dialect, { fireAndForget: false });
   noteSubmission(res, accepted);
   // In the background without a stream: the Response as it stands, at once. With a stream, the
   // events, as for any stream (the caller may leave at any point).
-  if (background?.() === true && !accepted.streaming) return answerBackground(deps, res, accepted);
+  // Sarsen acts on one body field, the Responses `background` (docs/api.md "Background responses").
+  if (accepted.background && !accepted.streaming) return answerBackground(deps, res, accepted);
   const hold = deps.settings.current().synchronous_hold_ms;
   const watched = { id: accepted.requestId, namespaceId: auth.namespaceId, streaming: accepted.streaming };
   // A request this submission started has nothing stored yet: its watch reads nothing until

@@ -32,7 +32,8 @@ import { callerCredential, credentialIdentity } from './caller-credential.ts';
 import { TRACING, trace } from '../../trace.ts';
 
 /** What a submission route answers from: the request the submission landed on, and whether it streams. */
-export type AcceptedSubmission = Submitted & { streaming: boolean };
+/** `background`: a Responses body that asked for the vendor's background mode (docs/api.md "Background responses"). */
+export type AcceptedSubmission = Submitted & { streaming: boolean; background: boolean };
 
 function parseBody(bytes: Buffer): { value: JsonValue; text: string } {
   try {
@@ -143,5 +144,5 @@ export async function acceptSubmission(
       }
       throw err;
     });
-  return { ...submitted, streaming };
+  return { ...submitted, streaming, background: dialect === 'responses' && topLevelBoolean(value, 'background') === true };
 }
