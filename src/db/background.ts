@@ -1,9 +1,9 @@
 // The SQL of background responses (docs/api.md "Background responses"): the provider's response
-// ids the executor records, the one read a retrieve costs, and deleting one record's payload.
+// ids the executor records and the one read a retrieve costs (deleting one record's payload is
+// the retention sweep's, src/db/retention.ts sweepRecord).
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
 import { RETIRED } from './partitions.ts';
-import { addToRollup, shard } from './counters.ts';
 import type { RequestStatus } from './requests.ts';
 
 type Db = Pick<Pool, 'query'>;
@@ -84,42 +84,6 @@ export function unpackFrames(frames: Buffer, lengths: number[] | null): Buffer[]
     at += length;
   }
   return out;
-}
-
-// The retention sweep's statement (src/db/retention.ts) for one finished record, whatever its
-// age: the body, answer, frames and claim go, the metadata and the accounting stay.
-const FORGET = `
-WITH victims AS (
-  SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
-   WHERE id = $1 AND namespace_id = $2 AND NOT expired AND status IN ('succeeded', 'failed')
-   FOR UPDATE
-), bodies AS (
-  DELETE FROM sarsen.request_bodies WHERE request_id IN (SELECT id FROM victims) RETURNING 1
-), answers AS (
-  DELETE FROM sarsen.responses WHERE request_id IN (SELECT id FROM victims) RETURNING 1
-), frames AS (
-  DELETE FROM sarsen.chunks WHERE request_id IN (SELECT id FROM victims) RETURNING 1
-), claims AS (
-  DELETE FROM sarsen.idempotency_claims WHERE request_id IN (SELECT id FROM victims) RETURNING 1
-), marked AS (
-  UPDATE sarsen.requests q SET expired = true, attempt_log = '[]', request_bytes = 0, response_bytes = 0, chunk_bytes = 0
-    FROM victims v WHERE q.id = v.id
-  RETURNING v.namespace_id, v.request_bytes, v.response_bytes, v.chunk_bytes
-), unstored AS (
-  ${addToRollup(
-    ['request_bytes', 'response_bytes', 'chunk_bytes'],
-    `SELECT namespace_id, -sum(request_bytes) AS request_bytes, -sum(response_bytes) AS response_bytes, -sum(chunk_bytes) AS chunk_bytes
-       FROM marked GROUP BY namespace_id`,
-    '$3',
-  )}
-  RETURNING 1
-)
-SELECT (SELECT count(*) FROM marked)::int AS swept`;
-
-/** Sweeps one finished record of this namespace now (DELETE .../responses/{id}); false when there was nothing to sweep. */
-export async function forgetResponse(db: Db, namespaceId: string, requestId: string): Promise<boolean> {
-  const { rows } = await db.query<{ swept: number }>(FORGET, [requestId, namespaceId, shard()]);
-  return rows[0]!.swept === 1;
 }
 
 export type ResponseIds = { request_id: string; background: boolean; response_ids: { id: string; attempt: number }[] };

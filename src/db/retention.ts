@@ -34,18 +34,14 @@ export async function namespaceHorizons(pool: Db): Promise<NamespaceHorizon[]> {
   return rows;
 }
 
-const SWEEP = (scope: string) => `
-WITH victims AS (
-  SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
-   WHERE ${scope} AND NOT expired AND status IN ('succeeded', 'failed')
-     AND finished_at < now() - make_interval(mins => $2::int)
-     -- Only ids from $6 (below it, payloads went with their partitions) up to $7 (null: no
-     -- bound). Ids sort by creation, which a finish cannot precede: the index range starts at
-     -- $5, past the rows whose payloads were dropped.
-     AND finished_at >= $5::timestamptz AND id >= $6 AND ($7::text IS NULL OR id < $7)
-   ORDER BY finished_at
-   LIMIT $3
-   FOR UPDATE SKIP LOCKED
+/**
+ * One statement that removes the body, answer, frames and claim of the finished records
+ * `victims` selects (id, namespace_id and the three byte counts, locked), keeps their metadata,
+ * marks them expired and takes their bytes off the storage counters (`shard`: the parameter of
+ * the rollup's shard).
+ */
+const sweepOf = (victims: string, shardParam: string) => `
+WITH victims AS (${victims}
 ), bodies AS (
   DELETE FROM sarsen.request_bodies WHERE request_id IN (SELECT id FROM victims) RETURNING 1
 ), answers AS (
@@ -64,13 +60,25 @@ WITH victims AS (
     ['request_bytes', 'response_bytes', 'chunk_bytes'],
     `SELECT namespace_id, -sum(request_bytes) AS request_bytes, -sum(response_bytes) AS response_bytes, -sum(chunk_bytes) AS chunk_bytes
        FROM marked GROUP BY namespace_id`,
-    '$4',
+    shardParam,
   )}
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked)::int AS swept,
        (SELECT count(*) FROM bodies) + (SELECT count(*) FROM answers) + (SELECT count(*) FROM frames)
          + (SELECT count(*) FROM claims) + (SELECT count(*) FROM unstored) AS removed`;
+
+const SWEEP = (scope: string) => sweepOf(`
+  SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
+   WHERE ${scope} AND NOT expired AND status IN ('succeeded', 'failed')
+     AND finished_at < now() - make_interval(mins => $2::int)
+     -- Only ids from $6 (below it, payloads went with their partitions) up to $7 (null: no
+     -- bound). Ids sort by creation, which a finish cannot precede: the index range starts at
+     -- $5, past the rows whose payloads were dropped.
+     AND finished_at >= $5::timestamptz AND id >= $6 AND ($7::text IS NULL OR id < $7)
+   ORDER BY finished_at
+   LIMIT $3
+   FOR UPDATE SKIP LOCKED`, '$4');
 
 const SWEEP_NAMESPACE = SWEEP('namespace_id = $1');
 // Records whose namespace was deleted keep only the deployment's metadata horizon.
@@ -93,6 +101,18 @@ export async function sweepRecords(db: Db, namespaceId: string | null, minutes: 
     namespaceId, minutes, limit, shard(), finishedFrom, ids.from, ids.below,
   ]);
   return rows[0]!.swept;
+}
+
+// One finished record of a namespace, whatever its age (DELETE .../responses/{id}).
+const SWEEP_ONE = sweepOf(`
+  SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
+   WHERE id = $1 AND namespace_id = $2 AND NOT expired AND status IN ('succeeded', 'failed')
+   FOR UPDATE`, '$3');
+
+/** Sweeps one finished record of this namespace now, as the sweep would; false when there was nothing to sweep. */
+export async function sweepRecord(db: Db, namespaceId: string, requestId: string): Promise<boolean> {
+  const { rows } = await db.query<{ swept: number }>(SWEEP_ONE, [requestId, namespaceId, shard()]);
+  return rows[0]!.swept === 1;
 }
 
 /**

@@ -11,7 +11,8 @@ import { idTime } from '../../core/ids.ts';
 import {
   responseObject, responseError, terminalResponse, errorEvent, vendorErrorBody, inputItems, frameSequence, ownResponseId, type ResponseStatus,
 } from '../../core/background.ts';
-import { readResponse, forgetResponse, unpackFrames, type ResponseRow } from '../../db/background.ts';
+import { readResponse, unpackFrames, type ResponseRow } from '../../db/background.ts';
+import { sweepRecord } from '../../db/retention.ts';
 import { cancelRequest } from '../../db/cancel.ts';
 import { isTerminal } from '../../db/requests.ts';
 import { watch } from './watch.ts';
@@ -204,7 +205,7 @@ async function remove(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
   const row = await found(deps, res, id, false);
   if (!isTerminal(row.status)) throw new ServiceError('conflict', 'The response is still running: cancel it, or wait for it to end, before deleting it.');
-  await forgetResponse(deps.pool, serviceAuthOf(res).namespaceId, row.id);
+  await sweepRecord(deps.pool, serviceAuthOf(res).namespaceId, row.id);
   sendJson(res, JSON.stringify({ id, object: 'response', deleted: true }));
 }
 
