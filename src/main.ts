@@ -3,6 +3,7 @@
 import cluster from 'node:cluster';
 import { readEnvironment, serveOptions, ConfigError, type Environment } from './config/config.ts';
 import { COMMANDS, helpFor, parseInvocation } from './cli/commands.ts';
+import { parseHosts } from './core/hosts.ts';
 import type { OpenDatabase } from './cli/database.ts';
 import type { FlagValues } from './core/flags.ts';
 import type { BATCH_FLAGS } from './cli/batch.ts';
@@ -29,7 +30,7 @@ const WITH_DATABASE: Record<Extract<(typeof COMMANDS)[number], { standalone: fal
     const embedded = env.database === null;
     const { serve: options, processes } = serveOptions(flags, embedded);
     const { processCount, servePrimary } = await import('./cli/cluster.ts');
-    const count = processCount(processes ?? env.processes, embedded);
+    const count = processCount(processes ?? env.processes, env.database && parseHosts(env.database.host, env.database.port));
     return count > 1 ? servePrimary(db, options, count, { embedded }) : (await import('./cli/serve.ts')).serve(db, options, { embedded });
   },
   migrate: async (db) => {

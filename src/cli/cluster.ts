@@ -21,10 +21,17 @@ import { memoryLimit, workerExecArgv } from '../core/runtime-flags.ts';
 import { bootstrapEmbedded, firstRunBanner } from './tenancy.ts';
 import { onStopSignals, runUntilStopped } from './serve.ts';
 import { canSharePort, claimPort } from '../http/listen.ts';
+import { isLocalHost, type HostPort } from '../core/hosts.ts';
 
-/** --processes, else CTX_PROCESSES, else one per core (one on embedded PostgreSQL, a development database). */
-export function processCount(given: number | null, embedded: boolean): number {
-  return given ?? (embedded ? 1 : os.availableParallelism());
+/**
+ * --processes, else CTX_PROCESSES, else one per core where PostgreSQL runs elsewhere, and one
+ * where it shares this machine's cores (`hosts` null: embedded; or every host local): there a
+ * second process took cores from PostgreSQL and split its group commits, serving less than one
+ * (docs/operations.md "Processes").
+ */
+export function processCount(given: number | null, hosts: readonly HostPort[] | null): number {
+  if (given !== null) return given;
+  return hosts === null || hosts.every((h) => isLocalHost(h.host)) ? 1 : os.availableParallelism();
 }
 
 type Setup = {

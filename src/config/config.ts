@@ -94,7 +94,7 @@ export const SERVE_FLAGS = {
   'credential-passthrough': { type: 'boolean', help: 'lets backends use the caller\'s provider credential (off by default)' },
   port: { type: 'string', default: '8080', value: 'N', help: 'the port to listen on; 0 takes a free one' },
   host: { type: 'string', value: 'H', help: 'the address to listen on (default 127.0.0.1 on embedded PostgreSQL, else 0.0.0.0)' },
-  processes: { type: 'string', value: 'N', help: 'processes behind the one port (default CTX_PROCESSES, else one per core; 1 on embedded PostgreSQL)' },
+  processes: { type: 'string', value: 'N', help: 'processes behind the one port (default CTX_PROCESSES, else 1 where PostgreSQL runs on this machine, one per core where it runs elsewhere)' },
   'executor-concurrency': { type: 'string', default: '1024', value: 'N', help: 'attempts one executor process runs at once' },
   'database-connections': { type: 'string', value: 'N', help: 'the most database connections one process holds (default: by role; docs/scaling.md)' },
 } as const satisfies Flags;

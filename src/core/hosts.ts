@@ -37,3 +37,11 @@ export function parseHosts(list: string, defaultPort: number): HostPort[] {
 export function formatHost(h: HostPort): string {
   return h.host.startsWith('/') ? h.host : `${h.host.includes(':') ? `[${h.host}]` : h.host}:${h.port}`;
 }
+
+/**
+ * Whether a database host is this machine: a Unix socket directory, `localhost` or a loopback
+ * address. A PostgreSQL there shares this machine's cores with Sarsen.
+ */
+export function isLocalHost(host: string): boolean {
+  return host.startsWith('/') || host === 'localhost' || host === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}

@@ -1,7 +1,9 @@
+import os from 'node:os';
 import { expect } from 'chai';
 import { restartAfter, RESTART_POLICY } from '../../src/core/restart-backoff.ts';
 import { serveOptions, readEnvironment, ConfigError } from '../../src/config/config.ts';
 import { processCount } from '../../src/cli/cluster.ts';
+import { parseHosts } from '../../src/core/hosts.ts';
 
 describe('replacing dead workers', () => {
   it('doubles the wait while replacements die young, up to the cap', () => {
@@ -24,14 +26,21 @@ describe('replacing dead workers', () => {
 });
 
 describe('--processes', () => {
-  it('is taken from the flag, else CTX_PROCESSES, else one per core (one on embedded PostgreSQL)', () => {
+  it('is taken from the flag, else CTX_PROCESSES, else one where PostgreSQL shares the machine and one per core where it runs elsewhere', () => {
     expect(serveOptions({ processes: '3' }, false).processes).to.equal(3);
     expect(serveOptions({}, false).processes).to.equal(null);
     expect(readEnvironment({ CTX_PROCESSES: '4' }).processes).to.equal(4);
     expect(readEnvironment({}).processes).to.equal(null);
-    expect(processCount(null, true)).to.equal(1);
-    expect(processCount(null, false)).to.be.at.least(1);
-    expect(processCount(2, true)).to.equal(2);
+    const hosts = (list: string) => parseHosts(list, 5432);
+    expect(processCount(null, null)).to.equal(1); // embedded
+    for (const local of ['127.0.0.1', 'localhost', '[::1]:5433', '/var/run/postgresql', '127.0.0.1:5432,localhost:5433']) {
+      expect(processCount(null, hosts(local)), local).to.equal(1);
+    }
+    for (const remote of ['10.0.0.5', 'db.example', '127.0.0.1,10.0.0.6:5433', '[2001:db8::1]']) {
+      expect(processCount(null, hosts(remote)), remote).to.equal(os.availableParallelism());
+    }
+    expect(processCount(2, null)).to.equal(2);
+    expect(processCount(3, hosts('10.0.0.5'))).to.equal(3);
   });
 
   it('refuses what is not a positive whole number', () => {
