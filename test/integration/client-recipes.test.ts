@@ -21,6 +21,8 @@ const EXPECTED: Record<string, string[]> = {
   'openai-chat': ['/v1/chat/completions', '/v1/chat/completions'],
   'openai-responses': ['/v1/responses', '/v1/responses'],
   'openai-background': ['/v1/responses', '/v1/responses'],
+  'openai-batch': ['/v1/chat/completions', '/v1/chat/completions'],
+  'anthropic-batch': ['/v1/messages', '/v1/messages'],
   anthropic: ['/v1/messages', '/v1/messages'],
   'ai-sdk-openai': ['/v1/responses', '/v1/responses', '/v1/chat/completions'],
   'ai-sdk-anthropic': ['/v1/messages', '/v1/messages'],

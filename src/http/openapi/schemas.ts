@@ -220,6 +220,8 @@ export const storage = z.object({
   request_bytes: z.number().int(),
   response_bytes: z.number().int(),
   chunk_bytes: z.number().int(),
+  file_bytes: z.number().int().describe('uploaded batch input files, byte for byte'),
+  batch_bytes: z.number().int().describe('bodies of batch lines not yet run'),
 });
 
 export const record = z.object({
@@ -288,3 +290,25 @@ export const responseIds = z.object({
   background: z.boolean(),
   response_ids: z.array(z.object({ id: z.string(), attempt: z.number().int() })),
 });
+
+// The vendors' batch APIs (docs/api.md "Batches"), in their own shapes.
+export const fileObject = z.looseObject({
+  id: z.string(), object: z.literal('file'), bytes: z.number().int(), created_at: z.number().int(), filename: z.string(),
+  purpose: z.enum(['batch', 'batch_output']), status: z.literal('processed'),
+}).describe("OpenAI's FileObject");
+export const fileList = z.object({ object: z.literal('list'), data: z.array(fileObject), first_id: z.string().nullable(), last_id: z.string().nullable(), has_more: z.boolean() });
+export const fileDeleted = z.object({ id: z.string(), object: z.literal('file'), deleted: z.literal(true) });
+export const batchObject = z.looseObject({
+  id: z.string(), object: z.literal('batch'), endpoint: z.string(), input_file_id: z.string(), completion_window: z.string(),
+  status: z.enum(['validating', 'failed', 'in_progress', 'finalizing', 'completed', 'expired', 'cancelling', 'cancelled']),
+  output_file_id: z.string().nullable(), error_file_id: z.string().nullable(),
+  request_counts: z.object({ total: z.number().int(), completed: z.number().int(), failed: z.number().int() }),
+}).describe("OpenAI's Batch");
+export const batchList = z.object({ object: z.literal('list'), data: z.array(batchObject), first_id: z.string().nullable(), last_id: z.string().nullable(), has_more: z.boolean() });
+export const messageBatch = z.looseObject({
+  id: z.string(), type: z.literal('message_batch'), processing_status: z.enum(['in_progress', 'canceling', 'ended']),
+  request_counts: z.object({ processing: z.number().int(), succeeded: z.number().int(), errored: z.number().int(), canceled: z.number().int(), expired: z.number().int() }),
+  results_url: z.string().nullable(),
+}).describe("Anthropic's MessageBatch");
+export const messageBatchList = z.object({ data: z.array(messageBatch), has_more: z.boolean(), first_id: z.string().nullable(), last_id: z.string().nullable() });
+export const messageBatchDeleted = z.object({ id: z.string(), type: z.literal('message_batch_deleted') });
