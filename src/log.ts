@@ -11,8 +11,19 @@ export const LOG_LEVELS = ['error', 'warn', 'info', 'debug'] as const;
 export type LogLevel = (typeof LOG_LEVELS)[number];
 export type LogFormat = 'json' | 'pretty';
 
+// The trace and span of the current context, when tracing is on (src/telemetry/setup.ts sets it):
+// every line written inside a traced request carries them, as `trace_id` and `span_id`.
+let correlation: (() => { trace_id: string; span_id: string } | undefined) | null = null;
+
+export function correlateLogLines(fields: typeof correlation): void {
+  correlation = fields;
+}
+
 // `time` first in every line, as an ISO-8601 UTC string.
-const stamp = winston.format((info) => Object.assign(info, { time: new Date().toISOString() }));
+const stamp = winston.format((info) => {
+  Object.assign(info, { time: new Date().toISOString() });
+  return correlation === null ? info : Object.assign(info, correlation());
+});
 
 const MESSAGE_SYMBOL = Symbol.for('message');
 const COLOURS: Record<string, string> = { error: '\x1b[31m', warn: '\x1b[33m', info: '\x1b[36m', debug: '\x1b[2m' };

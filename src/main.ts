@@ -57,6 +57,10 @@ async function main(argv: string[]): Promise<number> {
   if (command in STANDALONE) return (await STANDALONE[command as keyof typeof STANDALONE](args, flags)) ?? 0;
   const env = readEnvironment();
   configureLogging({ level: env.logLevel });
+  // Tracing (the OTEL_* variables) is for processes that serve; it stays off unless they ask.
+  if (env.tracing !== null && command === 'serve') {
+    await (await import('./telemetry/setup.ts')).startTracing(env.tracing, typeof flags.role === 'string' ? flags.role : 'both');
+  }
   // A worker of `serve --processes N`: its database and secrets come from the primary.
   if (cluster.isWorker) return (await import('./cli/cluster.ts')).serveWorker(serveOptions(flags, env.database === null).serve);
   const db = await (await import('./cli/database.ts')).openDatabase(env);

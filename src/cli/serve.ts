@@ -4,6 +4,7 @@ import type { Sarsen } from '../server.ts';
 import { configureLogging, logger, errorFields, writeStdout } from '../log.ts';
 import { bootstrapEmbedded, firstRunBanner } from './tenancy.ts';
 import { startIdleCollector } from '../idle-collector.ts';
+import { flushTracing } from '../telemetry/tracing.ts';
 
 // A terminal's Ctrl-C reaches every process of its group, and `npm start` passes its own copy on
 // to Sarsen: one keypress arrives as two signals a few milliseconds apart. Only a signal this
@@ -36,6 +37,8 @@ export function runUntilStopped(sarsen: Sarsen): Promise<number> {
       sarsen
         .stop()
         .catch((err) => logger.error('shutdown failed', errorFields(err)))
+        // What the process traced leaves before it exits.
+        .finally(() => flushTracing())
         .finally(() => {
           collector.stop();
           resolve(code);

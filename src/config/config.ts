@@ -1,4 +1,4 @@
-// Deployment configuration: pointers from the environment (CTX_*), flags from the command line,
+// Deployment configuration: pointers from the environment (CTX_*, and the standard OTEL_* of tracing), flags from the command line,
 // secrets from files. Read once at startup, validated, frozen. No figure the deployment charges
 // or enforces comes from here: those are settings in the database (src/config/settings.ts).
 import path from 'node:path';
@@ -31,6 +31,22 @@ export type Environment = Readonly<{
   logLevel: LogLevel;
   /** CTX_PROCESSES: how many processes `serve` runs when --processes is not given. */
   processes: number | null;
+  /** OpenTelemetry tracing from the standard OTEL_* variables; null: off (docs/operations.md "Tracing"). */
+  tracing: TracingConfig | null;
+}>;
+
+export const SAMPLERS = ['always_on', 'always_off', 'traceidratio', 'parentbased_always_on', 'parentbased_always_off', 'parentbased_traceidratio'] as const;
+
+export type TracingConfig = Readonly<{
+  protocol: 'http/protobuf' | 'http/json';
+  serviceName: string;
+  sampler: (typeof SAMPLERS)[number];
+  /** OTEL_TRACES_SAMPLER_ARG: the ratio of the ratio samplers. */
+  ratio: number;
+  scheduleDelayMs: number;
+  exportTimeoutMs: number;
+  maxQueueSize: number;
+  maxExportBatchSize: number;
 }>;
 
 const port = z.coerce.number().int().min(0).max(65535);
@@ -46,6 +62,49 @@ const envSchema = z.object({
   CTX_LOG_LEVEL: z.enum(LOG_LEVELS).default('info'),
   CTX_PROCESSES: z.coerce.number().int().min(1).max(256).optional(),
 });
+
+const count = (fallback: number) => z.coerce.number().int().min(0).default(fallback);
+const blank = (v: unknown) => (typeof v === 'string' && v.trim() === '' ? undefined : v);
+// The OpenTelemetry variables Sarsen reads itself (the OTLP exporter reads its endpoint, headers,
+// timeout and compression from OTEL_EXPORTER_OTLP_* on its own, once, as it starts).
+const otelSchema = z.object({
+  OTEL_SDK_DISABLED: z.preprocess(blank, z.enum(['true', 'false']).optional()),
+  OTEL_TRACES_EXPORTER: z.preprocess(blank, z.enum(['otlp', 'none']).optional()),
+  OTEL_EXPORTER_OTLP_ENDPOINT: z.preprocess(blank, z.string().optional()),
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: z.preprocess(blank, z.string().optional()),
+  OTEL_EXPORTER_OTLP_PROTOCOL: z.preprocess(blank, z.enum(['http/protobuf', 'http/json']).optional()),
+  OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: z.preprocess(blank, z.enum(['http/protobuf', 'http/json']).optional()),
+  OTEL_SERVICE_NAME: z.preprocess(blank, nonEmpty.default('sarsen')),
+  OTEL_TRACES_SAMPLER: z.preprocess(blank, z.enum(SAMPLERS).default('parentbased_always_on')),
+  OTEL_TRACES_SAMPLER_ARG: z.preprocess(blank, z.coerce.number().min(0).max(1).default(1)),
+  OTEL_BSP_SCHEDULE_DELAY: z.preprocess(blank, count(5000)),
+  OTEL_BSP_EXPORT_TIMEOUT: z.preprocess(blank, count(30000)),
+  OTEL_BSP_MAX_QUEUE_SIZE: z.preprocess(blank, count(2048)),
+  OTEL_BSP_MAX_EXPORT_BATCH_SIZE: z.preprocess(blank, count(512)),
+});
+
+/**
+ * Tracing is on when OTEL_TRACES_EXPORTER=otlp, or when an OTLP endpoint is named and the
+ * exporter is not `none`; OTEL_SDK_DISABLED=true turns it off whatever else is set
+ * (docs/operations.md "Tracing"). Only the OTLP exporters over HTTP are built in.
+ */
+export function readTracing(env: NodeJS.ProcessEnv = process.env): TracingConfig | null {
+  const parsed = otelSchema.safeParse(env);
+  if (!parsed.success) throw new ConfigError(`Invalid environment: ${formatIssues(parsed.error)} (Sarsen exports traces with OTLP over HTTP only)`);
+  const e = parsed.data;
+  if (e.OTEL_SDK_DISABLED === 'true' || e.OTEL_TRACES_EXPORTER === 'none') return null;
+  if (e.OTEL_TRACES_EXPORTER !== 'otlp' && !e.OTEL_EXPORTER_OTLP_ENDPOINT && !e.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) return null;
+  return Object.freeze({
+    protocol: e.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL ?? e.OTEL_EXPORTER_OTLP_PROTOCOL ?? 'http/protobuf',
+    serviceName: e.OTEL_SERVICE_NAME,
+    sampler: e.OTEL_TRACES_SAMPLER,
+    ratio: e.OTEL_TRACES_SAMPLER_ARG,
+    scheduleDelayMs: e.OTEL_BSP_SCHEDULE_DELAY,
+    exportTimeoutMs: e.OTEL_BSP_EXPORT_TIMEOUT,
+    maxQueueSize: e.OTEL_BSP_MAX_QUEUE_SIZE,
+    maxExportBatchSize: Math.min(e.OTEL_BSP_MAX_EXPORT_BATCH_SIZE, e.OTEL_BSP_MAX_QUEUE_SIZE),
+  });
+}
 
 export class ConfigError extends Error {
   override name = 'ConfigError';
@@ -73,7 +132,9 @@ export function readEnvironment(env: NodeJS.ProcessEnv = process.env): Environme
     : null;
   // Embedded mode keeps its generated dev secrets beside its data; a real deployment mounts them.
   const secretsDir = path.resolve(e.CTX_SECRETS_DIR ?? (database ? '/run/secrets/sarsen' : path.join(dataDir, 'secrets')));
-  return Object.freeze({ database: database && Object.freeze(database), dataDir, secretsDir, logLevel: e.CTX_LOG_LEVEL, processes: e.CTX_PROCESSES ?? null });
+  return Object.freeze({
+    database: database && Object.freeze(database), dataDir, secretsDir, logLevel: e.CTX_LOG_LEVEL, processes: e.CTX_PROCESSES ?? null, tracing: readTracing(env),
+  });
 }
 
 const serveSchema = z.object({

@@ -36,6 +36,12 @@ export type Attempt = Readonly<{
   cancelRequested: boolean;
   /** Its key had a token limit when it was accepted: the terminal write charges its tokens to the key's window. */
   tokenLimited: boolean;
+  /** The model the provider is asked for (after the rule's rewrite). */
+  model: string;
+  /** How many times the request was recovered from a dead attempt before this one. */
+  recoveries: number;
+  /** The W3C traceparent its acceptance stored (null: tracing was off). */
+  traceParent: string | null;
 }>;
 
 // `ms`: a double precision SQL expression of milliseconds.
@@ -58,11 +64,11 @@ const CLAIM_SQL = withParts(
     FROM (SELECT DISTINCT id FROM ${CLAIM_INPUT.unnest('t')}) AS i
    WHERE q.id = i.id AND q.id = ANY(${CLAIM_IDS}) AND q.status = 'pending'
   RETURNING q.id, q.attempts, q.namespace_id, q.api_key_id, q.backend_id, q.dialect, q.streaming, q.forwarded_headers,
-            q.hops, q.stream_first_seq, q.cancel_requested, q.token_limited`,
+            q.hops, q.stream_first_seq, q.cancel_requested, q.token_limited, q.upstream_model, q.recoveries, q.trace_parent`,
     },
   ],
   `SELECT c.id, c.attempts, c.namespace_id, c.dialect, c.streaming, c.forwarded_headers, c.hops, c.stream_first_seq,
-       c.cancel_requested, c.token_limited, b.body, k.sealed AS sealed_credential,
+       c.cancel_requested, c.token_limited, c.upstream_model, c.recoveries, c.trace_parent, b.body, k.sealed AS sealed_credential,
        bk.id AS backend_id, bk.namespace_id AS backend_namespace_id, bk.kind, bk.dialect AS backend_dialect, bk.address,
        bk.credential_source, bk.credential_sealed
   FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id AND b.request_id = ANY(${CLAIM_IDS})
@@ -107,6 +113,9 @@ export async function claimAttempts(pool: Pool, ids: readonly string[], owner: s
         jobId: null,
         cancelRequested: r.cancel_requested,
         tokenLimited: r.token_limited,
+        model: r.upstream_model,
+        recoveries: r.recoveries,
+        traceParent: r.trace_parent,
       } satisfies Attempt,
     ]),
   );
@@ -114,7 +123,7 @@ export async function claimAttempts(pool: Pool, ids: readonly string[], owner: s
 
 /** What acceptance has in hand of a submission its own commit claimed. */
 export type AcceptedRequest = Pick<Attempt, 'id' | 'namespaceId' | 'dialect' | 'streaming' | 'forwardedHeaders' | 'hops' | 'body' | 'sealedCredential'> &
-  Readonly<{ backend: BackendForCall; limits: KeyLimits | null }>;
+  Readonly<{ backend: BackendForCall; limits: KeyLimits | null; upstreamModel: string; traceParent?: string | null }>;
 
 /**
  * The attempt a submission's own commit claimed for this process (submissions.ts writes the
@@ -139,6 +148,9 @@ export function acceptedAttempt(r: AcceptedRequest, jobId: string | null): Attem
     cancelRequested: false,
     // As the submission statement sets token_limited.
     tokenLimited: r.limits?.tokensPerMinute != null,
+    model: r.upstreamModel,
+    recoveries: 0,
+    traceParent: r.traceParent ?? null,
   };
 }
 

@@ -139,3 +139,9 @@ export async function countLiveRequests(db: Pick<Pool, 'query'>): Promise<Record
   );
   return rows[0]!;
 }
+
+/** The traceparent a request's acceptance stored (null: none; docs/operations.md "Tracing"). Read only when tracing is on. */
+export async function requestTraceParent(pool: Pool, requestId: string): Promise<string | null> {
+  const { rows } = await pool.query<{ trace_parent: string | null }>('SELECT trace_parent FROM sarsen.requests WHERE id = $1', [requestId]);
+  return rows[0]?.trace_parent ?? null;
+}

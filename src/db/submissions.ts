@@ -47,6 +47,8 @@ export type NewRequest = Readonly<{
    * stored under, how old an answer it takes, and whether its own answer may be served later.
    */
   cache: Readonly<{ key: Buffer; lifeMs: number; store: boolean }> | null;
+  /** The W3C traceparent of the request's trace when tracing is on (docs/operations.md "Tracing"). */
+  traceParent?: string | null;
 }>;
 
 export type SubmitSettings = Readonly<{ windowMs: number; feeMicros: number; leaseMs: number }>;
@@ -87,6 +89,7 @@ const BASE_COLUMNS: readonly Column<NewRequest>[] = [
     ['owner', 'text', (r) => r.owner],
     // Comma-joined (ids never hold a comma): unnest cannot take an array of arrays of different lengths.
     ['fallbacks', 'text', (r) => r.fallbackBackendIds.join(',')],
+    ['trace_parent', 'text', (r) => r.traceParent ?? null],
 ];
 const LIMIT_COLUMNS: readonly Column<NewRequest>[] = [
   ['request_limit', 'int', (r) => r.limits?.requestsPerMinute ?? null],
@@ -154,13 +157,13 @@ function submitSql(shape: SubmitShape): string {
     {
       name: 'request',
       sql: `INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids${extraColumns})
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, trace_parent${extraColumns})
   SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
          headers::jsonb, hops, octet_length(body), ${FEE},
          CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
          owner, CASE WHEN owner IS NOT NULL THEN ${LEASE_END} END, CASE WHEN owner IS NOT NULL THEN now() END,
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
-         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}')${extraValues}
+         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent${extraValues}
     FROM created
   RETURNING 1`,
     },

@@ -14,6 +14,8 @@ import { createYielder } from './yield.ts';
 import { logger, errorFields } from '../log.ts';
 import type { RunWhereAccepted } from '../deps.ts';
 import { TRACING, trace } from '../trace.ts';
+import { tracer } from '../telemetry/tracing.ts';
+import { traceAttempt, attemptEnded } from '../telemetry/spans.ts';
 
 // Jobs a worker pool hands out together are claimed together.
 const MAX_CLAIMS = 256;
@@ -70,7 +72,11 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
     { maxBatch: MAX_CLAIMS },
   );
 
-  const execute = async (attempt: Attempt, background: boolean): Promise<void> => {
+  // Traced, an attempt is a span: the request's trace continued, or after a recovery a trace linked to it.
+  const execute = (attempt: Attempt, background: boolean): Promise<void> =>
+    tracer === null ? executeOne(attempt, background) : traceAttempt(tracer, attempt, () => executeOne(attempt, background));
+
+  const executeOne = async (attempt: Attempt, background: boolean): Promise<void> => {
     const running: Running = { attempt, controller: new AbortController(), renewedAt: Date.now() };
     active.add(running);
     // A cancel heard on the bus stops the call at once; one whose event was lost, at the next renewal.
@@ -90,6 +96,7 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
         outcome = interrupted(err, running.controller.signal);
         running.controller.abort(); // stop the provider call: a zombie must not keep spending tokens
       }
+      if (tracer !== null) attemptEnded(outcome.kind);
       await settle(attempt, outcome);
     } catch (err) {
       // Left running under its lease: the recovery sweep re-dispatches it once the lease expires.

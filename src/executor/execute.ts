@@ -23,8 +23,11 @@ import type { ChunkWriter } from './chunk-writer.ts';
 import { TransportError, describeTransportError, type Sent, type Upstream, type UpstreamResponse } from './upstream.ts';
 import { logger } from '../log.ts';
 import { TRACING, trace } from '../trace.ts';
+import { tracer } from '../telemetry/tracing.ts';
+import { traceProviderCall, type CallTrace } from '../telemetry/spans.ts';
+import { OPERATION, providerName } from '../core/genai.ts';
 import { idTime } from '../core/ids.ts';
-import { observeProviderCall, observeAcceptanceToCall, observeFirstFrame, countRetry } from '../metrics/metrics.ts';
+import { observeProviderCall, observeAcceptanceToCall, observeFirstFrame, countRetry, observeGenAiCall } from '../metrics/metrics.ts';
 
 // A JSON answer larger than this is refused rather than held in memory.
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
@@ -158,9 +161,28 @@ function transportFailure(attempt: Attempt, settings: Settings, traffic: Traffic
  */
 export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings: Settings, signal: AbortSignal): Promise<Outcome> {
   if (attempt.cancelRequested) return { kind: 'failed', answer: cancelledAnswer(), frames: null, cancelled: true, end: ended(null), ...NO_TRAFFIC };
-  if (!attempt.backend) {
+  const backend = attempt.backend;
+  if (!backend) {
     return transportFailure(attempt, settings, NO_TRAFFIC, new TransportError('The backend this request was routed to no longer exists.', { refused: true }));
   }
+  const started = performance.now();
+  // Traced, the call is a client span in the GenAI conventions (docs/operations.md "Tracing").
+  const outcome = tracer === null
+    ? await callProvider(deps, attempt, backend, settings, signal, null)
+    : await traceProviderCall(tracer, { dialect: attempt.dialect, backendDialect: backend.dialect, model: attempt.model, address: backend.address }, async (call) => {
+        const o = await callProvider(deps, attempt, backend, settings, signal, call);
+        if (o.kind === 'succeeded' || o.kind === 'failed') call.tokens(o.tokens?.prompt ?? null, o.tokens?.completion ?? null);
+        return o;
+      });
+  const tokens = outcome.kind === 'succeeded' || outcome.kind === 'failed' ? outcome.tokens : undefined;
+  const errorType = outcome.kind === 'succeeded' ? null : 'end' in outcome ? (outcome.end.status === null ? 'transport' : String(outcome.end.status)) : outcome.kind;
+  observeGenAiCall(OPERATION, providerName(backend.dialect), attempt.model, started, errorType, tokens?.prompt ?? null, tokens?.completion ?? null);
+  return outcome;
+}
+
+async function callProvider(
+  deps: ExecutorDeps, attempt: Attempt, backend: BackendForCall, settings: Settings, signal: AbortSignal, call: CallTrace | null,
+): Promise<Outcome> {
   let res: UpstreamResponse;
   const sent: Sent = { reached: false, bytes: 0 };
   if (attempt.attempt === 1) observeAcceptanceToCall(idTime(attempt.id));
@@ -170,8 +192,8 @@ export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings:
     res = await deps.upstream.call(
       {
         dialect: attempt.dialect,
-        address: attempt.backend.address,
-        credential: attemptCredential(deps, attempt, attempt.backend),
+        address: backend.address,
+        credential: attemptCredential(deps, attempt, backend),
         forwarded: attempt.forwardedHeaders,
         hops: attempt.hops,
         // Sarsen performs background mode itself: the provider never sees `background`.
@@ -183,16 +205,17 @@ export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings:
       settings,
     );
   } catch (err) {
-    observeProviderCall(attempt.backend.kind, null, callStarted);
+    observeProviderCall(backend.kind, null, callStarted);
     if (signal.aborted) return aborted(signal, traffic(sent, 0));
     return transportFailure(attempt, settings, traffic(sent, 0), describeTransportError(err));
   }
-  observeProviderCall(attempt.backend.kind, res.status, callStarted);
+  observeProviderCall(backend.kind, res.status, callStarted);
+  call?.answered(res.status);
   if (TRACING) trace(attempt.id, 'provider_answered');
   const contentType = header(res, 'content-type');
   const success = res.status >= 200 && res.status < 300;
   if (success && attempt.streaming && /^text\/event-stream\b/i.test(contentType ?? '')) {
-    return runStream(deps, attempt, settings, signal, res, sent);
+    return runStream(deps, attempt, settings, signal, res, sent, call);
   }
 
   // A whole answer: a success, or a refusal with the provider's body byte for byte.
@@ -207,6 +230,7 @@ export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings:
   const moved = traffic(sent, body.length);
   if (TRACING) trace(attempt.id, 'provider_done');
   if (success) {
+    call?.answer(body);
     if (attempt.dialect === 'responses') await noteResponseId(deps, attempt, answerResponseId(body), settings);
     const answer: Answer = { status: 'succeeded', httpStatus: res.status, contentType, body, errorStatus: null, retryAfter: null };
     return { kind: 'succeeded', answer, tokens: tokensFromAnswer(attempt.dialect, body), frames: null, cacheable: true, end: ended(res.status), ...moved };
@@ -228,7 +252,9 @@ export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings:
  * group-committed. A failure before the first frame is an ordinary (retryable) transport
  * failure; after it, the status line has been sent to live readers, so it is terminal.
  */
-async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Settings, signal: AbortSignal, res: UpstreamResponse, sent: Sent): Promise<Outcome> {
+async function runStream(
+  deps: ExecutorDeps, attempt: Attempt, settings: Settings, signal: AbortSignal, res: UpstreamResponse, sent: Sent, call: CallTrace | null,
+): Promise<Outcome> {
   const framer = createFramer();
   const tokens = createStreamTokenReader(attempt.dialect);
   let seq = attempt.firstSeq - 1;
@@ -245,6 +271,7 @@ async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Setting
     if (seq < attempt.firstSeq && attempt.attempt === 1) observeFirstFrame(idTime(attempt.id));
     const first = TRACING && seq < attempt.firstSeq;
     if (first) trace(attempt.id, 'first_frame');
+    call?.frames(frames, seq + 1);
     const rows = frames.map((frame) => {
       tokens.push(frame);
       if (!providerFailed) providerFailed = isProviderFailureFrame(frame);
@@ -256,6 +283,7 @@ async function runStream(deps: ExecutorDeps, attempt: Attempt, settings: Setting
     deps.chunks.write(rows).then(
       (stored) => {
         if (first) trace(attempt.id, 'first_frame_commit');
+        if (stored) call?.committed(rows.length);
         backlog.settled(rows.length, stored ? undefined : new LeaseLost('the lease was lost while streaming'));
       },
       (err) => backlog.settled(rows.length, new StoreFailed(err)),

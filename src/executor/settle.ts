@@ -13,6 +13,8 @@ import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
 import { countHandBack } from '../metrics/metrics.ts';
 import { TRACING, traceFlush } from '../trace.ts';
+import { tracer } from '../telemetry/tracing.ts';
+import { tracedFlush, traceSettle } from '../telemetry/spans.ts';
 
 const MAX_BATCH = 500;
 
@@ -26,13 +28,18 @@ export function createSettle(deps: BaseDeps): Settle {
       const opts = { metering: deps.settings.current().metering_enabled, origin: deps.processId, counterShard: WRITER_SHARD.terminals[lane]! };
       // Through an outage, for as long as the lease could last: the answer is in hand.
       const flush = () => retryTransient(() => settleBatch(writer, batch, opts), deps.settings.current().lease_ms);
-      const written = await (TRACING ? traceFlush(batch.map((terminal) => terminal.id), 'terminal', flush) : flush());
+      const written = await (tracer !== null
+        ? tracedFlush('settle:', batch.map((terminal) => terminal.id), lane, flush)
+        : TRACING ? traceFlush(batch.map((terminal) => terminal.id), 'terminal', flush) : flush());
       return batch.map((terminal) => written.has(terminal.id));
     },
     { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT },
   );
 
-  const settle = async (attempt: Attempt, outcome: Outcome): Promise<void> => {
+  const settle = (attempt: Attempt, outcome: Outcome): Promise<void> =>
+    tracer === null ? settleOne(attempt, outcome) : traceSettle(tracer, attempt.id, outcome.kind, () => settleOne(attempt, outcome));
+
+  const settleOne = async (attempt: Attempt, outcome: Outcome): Promise<void> => {
     const log = { request_id: attempt.id, attempt: attempt.attempt };
     switch (outcome.kind) {
       case 'succeeded':

@@ -10,6 +10,8 @@ import { isNulRefused } from '../db/pg-errors.ts';
 import { logger, errorFields } from '../log.ts';
 import { observeRequests, observedOf } from './observe.ts';
 import { exposition } from '../metrics/metrics.ts';
+import { tracer } from '../telemetry/tracing.ts';
+import { serverSpans } from './tracing.ts';
 
 // Seconds a caller is asked to wait before retrying while the database is unreachable.
 const UNAVAILABLE_RETRY_AFTER_S = 1;
@@ -45,6 +47,8 @@ export function createApp(opts: { ready: Readiness; routers?: Router[]; metricsT
   app.disable('x-powered-by');
   app.disable('etag');
   app.set('query parser', 'simple');
+  // Before the access log, so its line is written in the request's trace.
+  if (tracer !== null) app.use(serverSpans(tracer));
   app.use(observeRequests());
 
   app.get('/healthz', (_req, res) => {

@@ -1,9 +1,9 @@
 WITH input AS (
   SELECT t.*
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $16::text[]) WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, ord)
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $16::text[], $17::text[]) WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, trace_parent, ord)
 ), claim AS (
   INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
-  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $17::double precision / 1000)
+  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $18::double precision / 1000)
     FROM input ORDER BY namespace_id, identity, ord
   ON CONFLICT (namespace_id, identity) DO UPDATE SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
    WHERE k.expires_at <= now()
@@ -22,13 +22,13 @@ WITH input AS (
   SELECT * FROM placed WHERE request_id = id AND NOT repeated
 ), request AS (
   INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids)
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, trace_parent)
   SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-         headers::jsonb, hops, octet_length(body), $18::bigint,
+         headers::jsonb, hops, octet_length(body), $19::bigint,
          CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
-         owner, CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => $19::double precision / 1000) END, CASE WHEN owner IS NOT NULL THEN now() END,
+         owner, CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => $20::double precision / 1000) END, CASE WHEN owner IS NOT NULL THEN now() END,
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
-         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}')
+         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent
     FROM created
   RETURNING 1
 ), body AS (
@@ -37,19 +37,19 @@ WITH input AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
 ), job AS (
   INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
-    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, CASE WHEN owner IS NULL THEN now() ELSE now() + make_interval(secs => $19::double precision / 1000) END AS run_at FROM created) AS j
+    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, CASE WHEN owner IS NULL THEN now() ELSE now() + make_interval(secs => $20::double precision / 1000) END AS run_at FROM created) AS j
     RETURNING key, id
 ), woken AS (
   SELECT sarsen.wake_executors(n) FROM (SELECT (SELECT count(*) FROM created WHERE owner IS NULL) AS n) AS due WHERE n > 0
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
-         CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $18::bigint ELSE 0 END
+         CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $19::bigint ELSE 0 END
     FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
   RETURNING 1
 ), counted AS (
   INSERT INTO sarsen.usage_rollup (namespace_id, shard, accepted_submissions, request_bytes)
-  SELECT namespace_id, $20::smallint, accepted_submissions, request_bytes FROM (SELECT namespace_id, count(*) AS accepted_submissions,
+  SELECT namespace_id, $21::smallint, accepted_submissions, request_bytes FROM (SELECT namespace_id, count(*) AS accepted_submissions,
             coalesce(sum(octet_length(body)) FILTER (WHERE request_id = id), 0) AS request_bytes
        FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id) AS added
   ON CONFLICT (namespace_id, shard) DO UPDATE
@@ -57,7 +57,7 @@ WITH input AS (
   RETURNING 1
 ), hourly AS (
   INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($20::smallint)::int % 4, ledger_events FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id, api_key_id) AS added
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($21::smallint)::int % 4, ledger_events FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id, api_key_id) AS added
   ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
     SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events
   RETURNING 1

@@ -1,6 +1,6 @@
 WITH offered AS (
   SELECT t.*
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $16::text[], $17::bytea[], $18::bigint[], $19::boolean[]) WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, cache_key, cache_ms, cache_store, ord)
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $16::text[], $17::text[], $18::bytea[], $19::bigint[], $20::boolean[]) WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, trace_parent, cache_key, cache_ms, cache_store, ord)
 ), probe AS (
   SELECT o.*,
          CASE WHEN o.cache_key IS NOT NULL THEN (
@@ -55,7 +55,7 @@ WITH offered AS (
   RETURNING 1
 ), claim AS (
   INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
-  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $20::double precision / 1000)
+  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $21::double precision / 1000)
     FROM input ORDER BY namespace_id, identity, ord
   ON CONFLICT (namespace_id, identity) DO UPDATE SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
    WHERE k.expires_at <= now() OR k.request_id = ANY (ARRAY(SELECT takeover_of FROM input WHERE takeover_of IS NOT NULL))
@@ -74,13 +74,13 @@ WITH offered AS (
   SELECT * FROM placed WHERE request_id = id AND NOT repeated
 ), request AS (
   INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, cache_key)
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, trace_parent, cache_key)
   SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-         headers::jsonb, hops, octet_length(body), $21::bigint,
+         headers::jsonb, hops, octet_length(body), $22::bigint,
          CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
-         owner, CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => $22::double precision / 1000) END, CASE WHEN owner IS NOT NULL THEN now() END,
+         owner, CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => $23::double precision / 1000) END, CASE WHEN owner IS NOT NULL THEN now() END,
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
-         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), CASE WHEN cache_store THEN cache_key END
+         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent, CASE WHEN cache_store THEN cache_key END
     FROM created
   RETURNING 1
 ), body AS (
@@ -89,19 +89,19 @@ WITH offered AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
 ), job AS (
   INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
-    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, CASE WHEN owner IS NULL THEN now() ELSE now() + make_interval(secs => $22::double precision / 1000) END AS run_at FROM created) AS j
+    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, CASE WHEN owner IS NULL THEN now() ELSE now() + make_interval(secs => $23::double precision / 1000) END AS run_at FROM created) AS j
     RETURNING key, id
 ), woken AS (
   SELECT sarsen.wake_executors(n) FROM (SELECT (SELECT count(*) FROM created WHERE owner IS NULL) AS n) AS due WHERE n > 0
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
-         CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $21::bigint ELSE 0 END
+         CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $22::bigint ELSE 0 END
     FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
   RETURNING 1
 ), counted AS (
   INSERT INTO sarsen.usage_rollup (namespace_id, shard, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits)
-  SELECT namespace_id, $23::smallint, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits FROM (SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
+  SELECT namespace_id, $24::smallint, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits FROM (SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
             sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits
        FROM (SELECT namespace_id, CASE WHEN request_id = id THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
                FROM placed WHERE request_id IS NOT NULL AND NOT repeated
@@ -113,7 +113,7 @@ WITH offered AS (
   RETURNING 1
 ), hourly AS (
   INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, cache_hits)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($23::smallint)::int % 4, ledger_events, cache_hits FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($24::smallint)::int % 4, ledger_events, cache_hits FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
        FROM (SELECT namespace_id, api_key_id, 0 AS cache_hits FROM placed WHERE request_id IS NOT NULL AND NOT repeated
              UNION ALL
              SELECT namespace_id, api_key_id, 1 FROM served) AS landed

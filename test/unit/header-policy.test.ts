@@ -32,6 +32,18 @@ describe('header-policy', () => {
       ['anthropic-beta', 'prompt-caching-2024-07-31'],
     ];
 
+    it('never forwards the caller\'s trace context (traceparent, tracestate, baggage): Sarsen\'s own spans carry it (docs/operations.md "Tracing")', () => {
+      const traced = raw([
+        ['traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'],
+        ['tracestate', 'vendor=opaque'],
+        ['baggage', 'user=alice'],
+        ['anthropic-beta', 'tools-2024-04-04'],
+      ]);
+      for (const dialect of ['chat', 'messages', 'responses'] as const) {
+        expect(forwardableHeaders(dialect, traced)).to.deep.equal([['anthropic-beta', 'tools-2024-04-04']]);
+      }
+    });
+
     it('keeps the vendor-prefix and the three chat-vendor headers, lower-cased, in order, repeats included', () => {
       const expected: [string, string][] = [
         ['anthropic-beta', 'tools-2024-04-04'],

@@ -30,6 +30,10 @@ import { countRateLimited } from '../../metrics/metrics.ts';
 import { seal } from '../../core/sealing.ts';
 import { callerCredential, credentialIdentity } from './caller-credential.ts';
 import { TRACING, trace } from '../../trace.ts';
+import { tracer, activeSpan } from '../../telemetry/tracing.ts';
+import { traceAcceptance, currentTraceParent, linkAttached } from '../../telemetry/spans.ts';
+import { requestTraceParent } from '../../db/requests.ts';
+import type { NewSubmission } from '../../deps.ts';
 
 /** What a submission route answers from: the request the submission landed on, and whether it streams. */
 /** `background`: a Responses body that asked for the vendor's background mode (docs/api.md "Background responses"). */
@@ -113,8 +117,7 @@ export async function acceptSubmission(
   );
   const policy = cachePolicy(auth.cacheTtlMinutes, directive);
   if (TRACING) trace(id, 'submit');
-  const submitted = await deps.submitter
-    .submit({
+  const submission: NewSubmission = {
       id,
       tenancyId: auth.tenancyId,
       namespaceId: auth.namespaceId,
@@ -135,14 +138,27 @@ export async function acceptSubmission(
       limits: auth.limits,
       cache: policy === null ? null : { key: cacheKey(identity, backend.backend_id, upstreamModel), ...policy },
       waited: !opts.fireAndForget,
-    })
-    .catch((err: unknown) => {
+      // The caller's request span: attempts continue its trace (docs/operations.md "Tracing").
+      traceParent: tracer === null ? null : currentTraceParent(),
+  };
+  const submitting = tracer === null ? deps.submitter.submit(submission) : traceAcceptance(tracer, id, dialect, streaming, () => deps.submitter.submit(submission));
+  const submitted = await submitting.catch((err: unknown) => {
       if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);
       if (err instanceof RateLimitRefusal) {
         countRateLimited(err.limit);
+        if (tracer !== null) activeSpan()?.setAttribute('sarsen.rate_limit', `refused_${err.limit}`);
         throw new ServiceError('rate_limited', err.message, { retryAfterSeconds: err.retryAfterSeconds });
       }
       throw err;
     });
+  if (tracer !== null) await traceAccepted(deps, auth, dialect, submitted);
   return { ...submitted, streaming, background: dialect === 'responses' && topLevelBoolean(value, 'background') === true };
+}
+
+/** What the caller's request span learns of an accepted submission; one that attached links to the execution's trace. */
+async function traceAccepted(deps: Deps, auth: ServiceAuth, dialect: Dialect, submitted: Submitted): Promise<void> {
+  const span = activeSpan();
+  span?.setAttribute('sarsen.dialect', dialect);
+  span?.setAttribute('sarsen.rate_limit', auth.limits === null ? 'none' : 'passed');
+  if (submitted.attached) linkAttached([span], await requestTraceParent(deps.pool, submitted.requestId).catch(() => null));
 }

@@ -13,6 +13,8 @@ import type { NewSubmission, RunWhereAccepted, Submitter } from '../../deps.ts';
 import { createBatcher, SPARE_LANE_AT } from '../../core/batcher.ts';
 import { WRITER_SHARD } from '../../db/counters.ts';
 import { TRACING, traceFlush } from '../../trace.ts';
+import { tracer } from '../../telemetry/tracing.ts';
+import { tracedFlush } from '../../telemetry/spans.ts';
 
 // Bound on one statement's parameters.
 const MAX_BATCH = 500;
@@ -35,6 +37,7 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
   const batches = createBatcher<NewRequest, Submitted | Refused | null>(
     (batch, lane) => {
       const flush = () => retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current()), WRITER_SHARD.submissions[lane]!), OUTAGE_PATIENCE_MS);
+      if (tracer !== null) return tracedFlush('accept:', batch.map((r) => r.id), lane, flush);
       return TRACING ? traceFlush(batch.map((r) => r.id), 'accept', flush) : flush();
     },
     { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT },
