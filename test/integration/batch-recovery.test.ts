@@ -43,50 +43,55 @@ describe('a batch through executor deaths', function () {
     const batch = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
 
     let kills = 0;
-    for (;;) {
-      await new Promise((r) => setTimeout(r, KILL_EVERY_MS));
-      const now = await client.batches.retrieve(batch.id);
-      if (now.status !== 'in_progress') break;
-      // A replacement first, so the batch always has an executor.
-      const fresh = await d.start('executor');
-      const victim = executors[kills % executors.length]!;
-      await victim.kill('SIGKILL');
-      kills++;
-      executors = [...executors.filter((e) => e !== victim), fresh];
+    try {
+      for (;;) {
+        await new Promise((r) => setTimeout(r, KILL_EVERY_MS));
+        const now = await client.batches.retrieve(batch.id);
+        if (now.status !== 'in_progress') break;
+        // A replacement first, so the batch always has an executor.
+        const fresh = await d.start('executor');
+        // The oldest: it has had time to take work.
+        const victim = executors[0]!;
+        await victim.kill('SIGKILL');
+        kills++;
+        executors = [...executors.filter((e) => e !== victim), fresh];
+      }
+      const done = await until(async () => {
+        const b = await client.batches.retrieve(batch.id);
+        return b.status === 'completed' ? b : undefined;
+      }, 120_000, 250);
+
+      const output = Buffer.from(await (await client.files.content(done.output_file_id!)).arrayBuffer()).toString('utf8');
+      const results = output.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { custom_id: string; response: { status_code: number; request_id: string } });
+      const ids = results.map((r) => r.custom_id);
+      const requests = results.map((r) => r.response.request_id);
+      const { rows } = await d.pool.query<{ recoveries: number; attempts: number }>(
+        `SELECT coalesce(sum(recoveries), 0)::int AS recoveries, coalesce(sum(attempts), 0)::int AS attempts FROM sarsen.requests WHERE id = ANY($1)`,
+        [requests],
+      );
+      const recoveries = rows[0]!.recoveries;
+      const calls = provider.journal.filter((e) => contentOf(e)?.startsWith(m));
+      const seconds = ((performance.now() - started) / 1000).toFixed(1);
+      console.log(`      ${LINES} lines in ${seconds} s; ${kills} executors killed; ${recoveries} recoveries; ${calls.length} provider calls (${calls.filter((c) => c.clientAborted).length} cut off by a kill)`);
+
+      expect(kills).to.be.at.least(3);
+      expect(done.request_counts).to.deep.equal({ total: LINES, completed: LINES, failed: 0 });
+      expect(new Set(ids).size).to.equal(LINES);
+      expect(ids).to.have.length(LINES);
+      expect(results.every((r) => r.response.status_code === 200)).to.equal(true);
+      // One request per line: no line ran as two.
+      expect(new Set(requests).size).to.equal(LINES);
+      // Every line reached the provider; beyond one call each, only recoveries called again. A
+      // kill between an attempt's claim and its call recovers without a call, hence at most.
+      const perLine = new Map<string, number>();
+      for (const c of calls) perLine.set(contentOf(c)!, (perLine.get(contentOf(c)!) ?? 0) + 1);
+      expect(perLine.size).to.equal(LINES);
+      expect(calls.length).to.be.at.least(LINES);
+      expect(calls.length).to.be.at.most(LINES + recoveries);
+      expect(recoveries).to.be.greaterThan(0);
+      expect(api.child.exitCode, api.output().slice(-2000)).to.equal(null);
+    } finally {
+      for (const p of [api, ...executors]) await p.kill('SIGKILL');
     }
-    const done = await until(async () => {
-      const b = await client.batches.retrieve(batch.id);
-      return b.status === 'completed' ? b : undefined;
-    }, 120_000, 250);
-
-    const output = Buffer.from(await (await client.files.content(done.output_file_id!)).arrayBuffer()).toString('utf8');
-    const results = output.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { custom_id: string; response: { status_code: number; request_id: string } });
-    const ids = results.map((r) => r.custom_id);
-    const requests = results.map((r) => r.response.request_id);
-    const { rows } = await d.pool.query<{ recoveries: number; attempts: number }>(
-      `SELECT coalesce(sum(recoveries), 0)::int AS recoveries, coalesce(sum(attempts), 0)::int AS attempts FROM sarsen.requests WHERE id = ANY($1)`,
-      [requests],
-    );
-    const recoveries = rows[0]!.recoveries;
-    const calls = provider.journal.filter((e) => contentOf(e)?.startsWith(m));
-    const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    console.log(`      ${LINES} lines in ${seconds} s; ${kills} executors killed; ${recoveries} recoveries; ${calls.length} provider calls (${calls.filter((c) => c.clientAborted).length} cut off by a kill)`);
-
-    expect(kills).to.be.at.least(3);
-    expect(done.request_counts).to.deep.equal({ total: LINES, completed: LINES, failed: 0 });
-    expect(new Set(ids).size).to.equal(LINES);
-    expect(ids).to.have.length(LINES);
-    expect(results.every((r) => r.response.status_code === 200)).to.equal(true);
-    // One request per line: no line ran as two.
-    expect(new Set(requests).size).to.equal(LINES);
-    // Every line reached the provider; beyond one call each, only recoveries called again. A
-    // kill between an attempt's claim and its call recovers without a call, hence at most.
-    const perLine = new Map<string, number>();
-    for (const c of calls) perLine.set(contentOf(c)!, (perLine.get(contentOf(c)!) ?? 0) + 1);
-    expect(perLine.size).to.equal(LINES);
-    expect(calls.length).to.be.at.least(LINES);
-    expect(calls.length).to.be.at.most(LINES + recoveries);
-    expect(recoveries).to.be.greaterThan(0);
-    expect(api.child.exitCode, api.output().slice(-2000)).to.equal(null);
   });
 });
