@@ -183,6 +183,13 @@ export async function traceProviderCall<T>(tracer: Tracer, c: CallFacts, fn: (ca
   }
 }
 
+/** A replay by id: a span of its own under the reader's request, linked to the trace of the request it replays. */
+export function traceReplay<T>(tracer: Tracer, requestId: string, traceParent: string | null, fn: () => Promise<T>): Promise<T> {
+  const link = linkTo(traceParent, { 'sarsen.link': 'replay_of' });
+  const span = tracer.startSpan('sarsen.replay', { attributes: { 'sarsen.request.id': requestId }, ...(link ? { links: [link] } : {}) });
+  return within(span, fn);
+}
+
 /** A link from the current request's span (and the acceptance's) to the trace of the execution it attached to. */
 export function linkAttached(spans: readonly (Span | undefined)[], traceParent: string | null): void {
   const link = linkTo(traceParent, { 'sarsen.link': 'attached_to' });

@@ -171,4 +171,78 @@ describe('OpenTelemetry tracing across processes', function () {
     expect(attempt.parentSpanId).to.equal(server.spanId);
     expect(call.attributes).to.deep.include({ 'gen_ai.provider.name': 'anthropic', 'gen_ai.request.model': 'claude-test', 'gen_ai.response.finish_reasons': ['end_turn'] });
   });
+
+  it('a replay by id is a span of its own, linked to the request\'s trace', async () => {
+    const res = await post('/requests', { model: 'gpt-test', stream: true, messages: [{ role: 'user', content: prompt('replay') }] });
+    const id = json(res).request_id as string;
+    const original = await traceOf(id, '/:tenancy/:namespace/v1/requests');
+    const replayed = await replayer(`${t.base}/requests/${id}`, t.key).done;
+    expect(replayed).to.match(/^id: 1\n/);
+    const span = await receiver.until((spans) => one(spans, (s) => s.name === 'sarsen.replay' && s.attributes['sarsen.request.id'] === id));
+    const reader = one(receiver.spans, (s) => s.spanId === span.parentSpanId)!;
+    expect(reader.name).to.equal('GET /:tenancy/:namespace/v1/requests/:id');
+    expect(span.traceId).to.not.equal(original.server.traceId);
+    expect(span.links).to.deep.equal([{ traceId: original.server.traceId, spanId: original.server.spanId, attributes: { 'sarsen.link': 'replay_of' } }]);
+  });
+
+  it('an identical body that attached links to the running execution\'s trace, and makes no second provider call', async () => {
+    const body = { model: 'gpt-test', messages: [{ role: 'user', content: prompt('attach') }] };
+    const first = await post('/requests', body);
+    const second = await post('/requests', body);
+    const id = json(first).request_id as string;
+    expect(json(second).request_id).to.equal(id);
+    const original = await traceOf(id, '/:tenancy/:namespace/v1/requests');
+    const attached = await receiver.until((spans) =>
+      one(spans, (s) => s.kind === SERVER && s.attributes['sarsen.request.id'] === id && s.attributes['sarsen.attached'] === true));
+    expect(attached.traceId).to.not.equal(original.server.traceId);
+    expect(attached.links).to.deep.equal([{ traceId: original.server.traceId, spanId: original.server.spanId, attributes: { 'sarsen.link': 'attached_to' } }]);
+    // One execution: one attempt, one provider call, whichever trace one looks in.
+    const attempts = receiver.spans.filter((s) => s.name === 'sarsen.attempt' && s.attributes['sarsen.request.id'] === id);
+    expect(attempts).to.have.length(1);
+    expect(receiver.spans.filter((s) => s.kind === CLIENT && s.traceId === attached.traceId)).to.have.length(0);
+    expect(childrenOf(attempts[0]!).filter((s) => s.kind === CLIENT)).to.have.length(1);
+    expect(provider.journal.filter((e) => JSON.stringify(e.json).includes(body.messages[0]!.content))).to.have.length(1);
+  });
+
+  it('an executor SIGKILLed mid-stream: the second attempt runs in another process, in a trace linked to the first, with recoveries = 1', async () => {
+    let calls = 0;
+    const undo = provider.rule((entry) => {
+      if (!JSON.stringify(entry.json ?? {}).includes('survive-')) return undefined;
+      calls++;
+      return { kind: 'sse', frames: chatFrames(Array.from({ length: 40 }, (_, i) => `call${calls}-piece${i} `), { usage: true }), frameDelayMs: 50 };
+    });
+    try {
+      const res = await post('/requests', { model: 'gpt-test', stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: prompt('survive') }] });
+      const id = json(res).request_id as string;
+      const reader = replayer(`${t.base}/requests/${id}`, t.key);
+      await until(async () => (reader.text().match(/^id: /gm)?.length ?? 0) >= 5 || undefined);
+      const { rows } = await d.pool.query(`SELECT lease_owner FROM sarsen.requests WHERE id = $1`, [id]);
+      const victim = executors.find((e) => e.owner === rows[0].lease_owner)!;
+      const survivor = executors.find((e) => e !== victim)!;
+      await victim.kill('SIGKILL');
+      await reader.done;
+      await until(async () => ((await d.pool.query(`SELECT status FROM sarsen.requests WHERE id = $1`, [id])).rows[0].status === 'succeeded' ? true : undefined), 60_000);
+
+      const server = await receiver.until((spans) => one(spans, (s) => s.kind === SERVER && s.attributes['sarsen.request.id'] === id && s.name.endsWith('/requests')));
+      const recovered = await receiver.until((spans) => one(spans, (s) => s.name === 'sarsen.attempt' && s.attributes['sarsen.request.id'] === id && s.attributes['sarsen.attempt'] === 2));
+      expect(recovered.attributes).to.include({ 'sarsen.recoveries': 1, 'sarsen.outcome': 'succeeded' });
+      expect(recovered.resource['process.pid']).to.equal(survivor.child.pid);
+      expect(recovered.parentSpanId).to.equal('');
+      expect(recovered.traceId).to.not.equal(server.traceId);
+      expect(recovered.links).to.deep.equal([{ traceId: server.traceId, spanId: server.spanId, attributes: { 'sarsen.link': 'recovered_from' } }]);
+      const call = await receiver.until((spans) => one(spans, (s) => s.kind === CLIENT && s.parentSpanId === recovered.spanId));
+      expect(call.attributes['sarsen.stream.frames']).to.equal(44); // role, 40 pieces, finish, usage, [DONE]
+    } finally {
+      undo();
+    }
+  });
+
+  it('no credential, key or prompt appears anywhere in what was exported', async () => {
+    expect(receiver.bodies.length).to.be.greaterThan(0);
+    const secrets = [t.key, t.key.split('_')[2]!, t.chatCredential, t.messagesCredential, t.adminToken, ...prompts];
+    const leaks = findLeaks(receiver.bodies, secrets);
+    expect(leaks.map((l) => l.secret)).to.deep.equal([]);
+    // And the log guard checks every exported body at the end of the run, as it checks log lines.
+    for (const body of receiver.bodies) registerOutput(body);
+  });
 });

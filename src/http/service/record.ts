@@ -2,10 +2,12 @@
 // the stored answer bytes, so `response` is embedded exactly as stored, never re-serialised.
 import type { Request, Response } from 'express';
 import type { Deps } from '../../deps.ts';
-import { readRecord, type RecordRow } from '../../db/requests.ts';
+import { readRecord, requestTraceParent, type RecordRow } from '../../db/requests.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { replay } from './streams.ts';
 import { trackStream } from '../../metrics/metrics.ts';
+import { tracer } from '../../telemetry/tracing.ts';
+import { traceReplay } from '../../telemetry/spans.ts';
 
 /** Whether `bytes` hold one JSON object (what `response` and `error` must be). */
 function isJsonObjectText(bytes: Buffer): boolean {
@@ -63,7 +65,11 @@ export async function readRequest(deps: Deps, req: Request, res: Response, names
     if (!record.streaming) {
       throw new ServiceError('bad_request', 'This request was not streamed; read it as JSON (without Accept: text/event-stream).');
     }
-    await trackStream('replay', () => replay(deps, req, res, { id: record.id, namespaceId: record.namespace_id, streaming: true }));
+    const replaying = () => replay(deps, req, res, { id: record.id, namespaceId: record.namespace_id, streaming: true });
+    // Traced, the replay is a span of its own linked to the request's trace (docs/operations.md "Tracing").
+    const t = tracer;
+    const traced = t === null ? replaying : async () => traceReplay(t, record.id, await requestTraceParent(deps.pool, record.id).catch(() => null), replaying);
+    await trackStream('replay', traced);
     return;
   }
   res.status(200).set('content-type', 'application/json').send(recordJson(record));
