@@ -246,3 +246,51 @@ describe('OpenTelemetry tracing across processes', function () {
     for (const body of receiver.bodies) registerOutput(body);
   });
 });
+
+describe('OpenTelemetry tracing in one process (role both: run where accepted)', function () {
+  this.timeout(120_000);
+  let provider: FakeProvider;
+  let receiver: OtlpReceiver;
+  let d: Deployment;
+  let both: SarsenProcess;
+  let t: Tenant;
+
+  before(async () => {
+    provider = await startFakeProvider();
+    receiver = await startOtlpReceiver();
+    d = await startDeployment();
+    both = await d.start('both', { OTEL_EXPORTER_OTLP_ENDPOINT: receiver.url, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json', OTEL_BSP_SCHEDULE_DELAY: '50' });
+    t = await provision(d.asServer(both), provider);
+  });
+  after(async () => {
+    if (both) expect((await both.kill('SIGTERM')).code).to.equal(0);
+    await d?.close();
+    await provider?.close();
+    await receiver?.close();
+  });
+
+  it('the attempt claimed in the acceptance commit continues the request\'s trace; the GenAI client metrics count the call', async () => {
+    const res = await rawRequest(`${t.base}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
+      body: JSON.stringify({ model: 'gpt-test', messages: [{ role: 'user', content: 'one process' }] }),
+    });
+    expect(res.status).to.equal(200);
+    const usage = json(res).usage;
+    const { attempt, server, call } = await receiver.until((spans) => {
+      const server = spans.find((s) => s.kind === SERVER && s.name.endsWith('/chat/completions'));
+      const attempt = server && spans.find((s) => s.name === 'sarsen.attempt' && s.parentSpanId === server.spanId);
+      const call = attempt && spans.find((s) => s.kind === CLIENT && s.parentSpanId === attempt.spanId);
+      return call ? { server, attempt, call } : undefined;
+    });
+    expect(attempt.traceId).to.equal(server.traceId);
+    expect(attempt.resource['process.pid']).to.equal(server.resource['process.pid']);
+    expect(call.attributes['gen_ai.usage.input_tokens']).to.equal(usage.prompt_tokens);
+
+    const metrics = (await rawRequest(`${both.url}/metrics`)).body.toString('utf8');
+    const labels = 'gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt-test"';
+    expect(metrics).to.include(`gen_ai_client_token_usage_sum{${labels},gen_ai_token_type="input"} ${usage.prompt_tokens}`);
+    expect(metrics).to.include(`gen_ai_client_token_usage_sum{${labels},gen_ai_token_type="output"} ${usage.completion_tokens}`);
+    expect(metrics).to.match(new RegExp(`gen_ai_client_operation_duration_seconds_count\\{${labels},error_type=""\\} 1\\n`));
+  });
+});

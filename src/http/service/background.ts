@@ -14,13 +14,15 @@ import {
 import { readResponse, unpackFrames, type ResponseRow } from '../../db/background.ts';
 import { sweepRecord } from '../../db/retention.ts';
 import { cancelRequest } from '../../db/cancel.ts';
-import { isTerminal } from '../../db/requests.ts';
+import { isTerminal, requestTraceParent } from '../../db/requests.ts';
 import { watch } from './watch.ts';
 import { callerLeft, send } from './streams.ts';
 import { serviceAuthOf } from '../service-auth.ts';
 import { observedOf } from '../observe.ts';
 import type { AcceptedSubmission } from './submit.ts';
 import { trackStream } from '../../metrics/metrics.ts';
+import { tracer } from '../../telemetry/tracing.ts';
+import { traceReplay } from '../../telemetry/spans.ts';
 
 const KEEP_ALIVE_MS = 15_000;
 const SSE_HEADERS = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' };
@@ -103,7 +105,10 @@ async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> 
   const row = await found(deps, res, id, !streaming);
   if (!streaming) return sendJson(res, renderResponse(row, id));
   if (!row.streaming) throw new ServiceError('bad_request', 'This response was not created with `stream: true`; retrieve it without `stream`.');
-  await trackStream('replay', () => resume(deps, res, row, startingAfter));
+  const resuming = () => resume(deps, res, row, startingAfter);
+  // Traced, a stream retrieved again is a replay: a span linked to the request's trace (docs/operations.md "Tracing").
+  const t = tracer;
+  await trackStream('replay', t === null ? resuming : async () => traceReplay(t, row.id, await requestTraceParent(deps.pool, row.id).catch(() => null), resuming));
 }
 
 /**
