@@ -204,15 +204,21 @@ export type WaitingLine = {
 /** Up to `n` waiting lines of running batches, oldest batch first, locked for this transaction. */
 export async function pickWaitingLines(c: PoolClient, n: number): Promise<WaitingLine[]> {
   const { rows } = await c.query<WaitingLine>(
+    // Each running batch's first waiting lines through the partial index (never a sort of a
+    // whole batch), oldest batch first.
     `SELECT l.batch_id, l.line, l.model, l.body, b.tenancy_id, b.namespace_id, b.api_key_id, b.dialect,
             k.requests_per_minute, k.tokens_per_minute::float8 AS tokens_per_minute
-       FROM sarsen.batches b
-       JOIN sarsen.batch_lines l ON l.batch_id = b.id AND l.state = 'waiting'
+       FROM (SELECT id, tenancy_id, namespace_id, api_key_id, dialect FROM sarsen.batches
+              WHERE ended_at IS NULL AND cancelling_at IS NULL AND expires_at > now() AND (paused_until IS NULL OR paused_until <= now())
+              ORDER BY id LIMIT 16) b
+       CROSS JOIN LATERAL (
+         SELECT w.batch_id, w.line, w.model, w.body FROM sarsen.batch_lines w
+          WHERE w.batch_id = b.id AND w.state = 'waiting' ORDER BY w.line LIMIT $1
+          FOR UPDATE SKIP LOCKED
+       ) l
        LEFT JOIN sarsen.api_keys k ON k.id = b.api_key_id
-      WHERE b.ended_at IS NULL AND b.cancelling_at IS NULL AND b.expires_at > now() AND (b.paused_until IS NULL OR b.paused_until <= now())
       ORDER BY b.id, l.line
-      LIMIT $1
-      FOR UPDATE OF l SKIP LOCKED`,
+      LIMIT $1`,
     [n],
   );
   return rows;
