@@ -4,6 +4,7 @@
 // request rows and ledger past theirs), then sweeps row by row what the drops do not reach in
 // time: the records of namespaces with a shorter horizon than the longest (src/core/partitions.ts
 // rowSweep), lapsed idempotency claims, and the longer horizons' leftovers.
+import { sweepBatchStorage } from '../db/files.ts';
 import type { BaseDeps } from '../deps.ts';
 import type { PoolClient } from '../db/pool.ts';
 import { effectiveRetentionMinutes } from '../core/retention.ts';
@@ -91,6 +92,8 @@ async function pass(deps: Deps, db: PoolClient): Promise<RetentionCounts> {
   let records = 0;
   for (const h of horizons) records += await sweep(h.namespace_id, h.minutes);
   records += await sweep(null, s.metadata_horizon_minutes);
+  // Batch files, and ended batches with their lines, by the same horizons (docs/api.md "Batches").
+  for (const h of horizons) records += await drain(() => sweepBatchStorage(db, h.namespace_id, h.minutes, BATCH));
 
   const claims = await drain(() => sweepLapsedClaims(db, BATCH));
   const listing = await drain(() => sweepListingRows(db, s.listing_horizon_days, BATCH));

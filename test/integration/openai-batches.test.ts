@@ -7,6 +7,8 @@ import { startFakeProvider, chatCompletionBody, type FakeProvider, type JournalE
 import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until } from '../support/http.ts';
 import { gate } from './streaming-support.ts';
+import { call } from '../support/control-plane.ts';
+import { runRetentionSweep } from '../../src/executor/retention.ts';
 
 type Line = { id: string; custom_id: string; response: { status_code: number; request_id: string | null; body: unknown } | null; error: { code: string; message: string } | null };
 
@@ -199,5 +201,29 @@ describe('OpenAI batches', function () {
     expect((await elsewhere.batches.list()).data.map((b) => b.id)).to.not.include(created.id);
     expect((await elsewhere.files.list()).data.map((f) => f.id)).to.not.include(file.id);
     expect(await client().files.delete(file.id)).to.deep.equal({ id: file.id, object: 'file', deleted: true });
+  });
+  it('files, batches and their results are retired by the namespace\'s retention and leave GET /storage', async () => {
+    const r = await provision(server, provider, { namespace: 'retained' });
+    const input = chatLine('a', marker());
+    const file = await upload(input, r);
+    const created = await client(r).batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    await until(async () => ((await client(r).batches.retrieve(created.id)).status === 'completed' ? true : undefined), 60_000);
+    const storage = async () => json(await rawRequest(`${r.base}/storage`, { headers: { 'x-sarsen-key': r.key } }));
+    expect((await storage()).file_bytes).to.equal(Buffer.byteLength(input));
+    expect((await call(server.url, 'PATCH', `/${r.tenancy}/v1/namespaces/${r.namespace}`, { token: r.adminToken, body: { retention_minutes: 60 } })).status).to.equal(200);
+    // Younger than the retention: kept.
+    await runRetentionSweep(server);
+    expect((await client(r).files.retrieve(file.id)).id).to.equal(file.id);
+    // Older: gone, with the batch and its output file.
+    await server.pool.query(`UPDATE sarsen.files SET created_at = now() - interval '2 hours' WHERE namespace_id = $1`, [r.namespaceId]);
+    await server.pool.query(`UPDATE sarsen.batches SET created_at = now() - interval '2 hours', ended_at = now() - interval '2 hours' WHERE namespace_id = $1`, [r.namespaceId]);
+    await runRetentionSweep(server);
+    for (const gone of [() => client(r).files.retrieve(file.id), () => client(r).batches.retrieve(created.id)]) {
+      let caught: unknown;
+      await gone().catch((err: unknown) => (caught = err));
+      expect(caught).to.be.instanceOf(NotFoundError);
+    }
+    expect((await client(r).files.list()).data).to.deep.equal([]);
+    expect((await storage()).file_bytes).to.equal(0);
   });
 });
