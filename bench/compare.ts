@@ -22,9 +22,12 @@
 //                 between frames, duration, every byte compared, CPU per frame, peak RSS, and
 //                 Sarsen's database writes per frame
 //   processes     Sarsen with --processes 1, then 2, at c=64: the throughput ratio
+//   capacity      bench/capacity.ts, run after the rest has stopped, with the proxy pinned to a
+//                 core of its own (its defaults; --allow-non-durable, --sarsen-arg and
+//                 --child-env passed on, and --capacity-arg)
 //
 // Sarsen runs with --processes 1 (--sarsen-processes N for the phases but the last).
-// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --phases nonstream,accept,cache,streams,many,longstreams,processes --allow-non-durable]
+// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --phases nonstream,accept,cache,streams,many,longstreams,processes,capacity --allow-non-durable]
 // Needs wrk (Debian: apt-get install wrk). PostgreSQL must be durable (see lib/database.ts).
 import fs from 'node:fs';
 import os from 'node:os';
@@ -32,6 +35,7 @@ import http from 'node:http';
 import path from 'node:path';
 import crypto from 'node:crypto';
 import { fileURLToPath } from 'node:url';
+import { spawnSync } from 'node:child_process';
 import type pg from 'pg';
 import { shutdownDatabases } from '../test/support/db.ts';
 import { spawnNode, type SarsenChild } from '../test/support/child.ts';
@@ -49,7 +53,7 @@ import { summarise, fmt, table, verdict } from './lib/stats.ts';
 import { traceReport, type TraceWindow } from './lib/trace-report.ts';
 import { benchArgs } from './lib/args.ts';
 
-const PHASE_NAMES = ['nonstream', 'accept', 'cache', 'streams', 'many', 'longstreams', 'processes'];
+const PHASE_NAMES = ['nonstream', 'accept', 'cache', 'streams', 'many', 'longstreams', 'processes', 'capacity'];
 const args = benchArgs({
   seconds: { type: 'string', default: '8' },
   warmup: { type: 'string', default: '2' },
@@ -73,6 +77,8 @@ const args = benchArgs({
   'child-env': { type: 'string', multiple: true, default: [] },
   // Flags added to every Sarsen child's command line: --sarsen-arg=--executor-concurrency=4096
   'sarsen-arg': { type: 'string', multiple: true, default: [] },
+  // Flags for the capacity phase beyond those passed on: --capacity-arg=--streams=100,200
+  'capacity-arg': { type: 'string', multiple: true, default: [] },
 });
 const SECONDS = Number(args.seconds);
 const WARMUP = Number(args.warmup);
@@ -604,4 +610,19 @@ function report(r: Report): void {
   out(table(['measure', 'target', 'measured', 'verdict'], targets));
 }
 
-await main();
+/** The capacity benchmark in a process of its own (it pins itself to CPUs), once this one's children are gone. */
+function capacity(): void {
+  const passed = [
+    ...(args['allow-non-durable'] ? ['--allow-non-durable'] : []),
+    ...args['sarsen-arg'].map((a) => `--sarsen-arg=${a}`),
+    ...args['child-env'].map((kv) => `--child-env=${kv}`),
+    ...args['capacity-arg'],
+  ];
+  progress(`the capacity phase: bench/capacity.ts ${passed.join(' ')}`);
+  out();
+  const run = spawnSync(process.execPath, [path.join(HERE, 'capacity.ts'), ...passed], { stdio: 'inherit' });
+  if (run.status !== 0) throw new Error(`bench/capacity.ts failed (${run.signal ?? `exit ${run.status}`})`);
+}
+
+if ([...PHASES].some((p) => p !== 'capacity')) await main();
+if (PHASES.has('capacity')) capacity();

@@ -61,8 +61,8 @@ export type BenchSarsenOptions = {
   env?: Record<string, string>;
   /** Where the child connects, when not the database server itself (a profiling proxy). */
   via?: { host: string; port: number };
-  /** `--processes`: more than one waits for every worker to be ready. */
-  processes?: number;
+  /** `--processes`: more than one waits for every worker to be ready; 'default' passes none (nor CTX_PROCESSES), as a user starts it. */
+  processes?: number | 'default';
 };
 
 export async function killWithGrace(child: SarsenChild, graceMs: number): Promise<void> {
@@ -80,7 +80,10 @@ export async function startBenchSarsen(opts: BenchSarsenOptions = {}): Promise<B
   const secrets = makeSecretsDir(db.conn);
   const conn = opts.via ? { ...db.conn, host: opts.via.host, port: opts.via.port } : db.conn;
   const processes = opts.processes ?? 1;
-  const child = spawnBenchSarsen(['--port', '0', '--host', '127.0.0.1', '--processes', String(processes), ...(opts.args ?? [])], sarsenEnv(conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env }));
+  const env = sarsenEnv(conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env });
+  if (processes === 'default') delete env.CTX_PROCESSES;
+  const count = processes === 'default' ? [] : ['--processes', String(processes)];
+  const child = spawnBenchSarsen(['--port', '0', '--host', '127.0.0.1', ...count, ...(opts.args ?? [])], env);
   let stopping: Promise<void> | null = null;
   const stop = (graceMs = 15_000) =>
     (stopping ??= (async () => {
@@ -92,7 +95,8 @@ export async function startBenchSarsen(opts: BenchSarsenOptions = {}): Promise<B
       }
     })());
   try {
-    const ready = processes > 1 ? 'sarsen ready' : 'sarsen listening';
+    // Sarsen's default count is not known here: a primary says ready, a lone process listening.
+    const ready = processes === 'default' ? '(?:sarsen ready|sarsen listening)' : processes > 1 ? 'sarsen ready' : 'sarsen listening';
     const m = await child.waitFor(new RegExp(`"message":"${ready}"[^\\n]*"url":"(http://[^"]+)"|"url":"(http://[^"]+)"[^\\n]*"message":"${ready}"`), 60_000);
     return { url: m[1] ?? m[2]!, db, child, stop };
   } catch (err) {
