@@ -106,16 +106,16 @@ export async function listBatches(
   db: Db,
   namespaceId: string | null,
   vendor: Vendor | null,
-  opts: { after: string | null; before: string | null; limit: number },
+  opts: { after: string | null; before: string | null; limit: number; id?: string },
 ): Promise<BatchView[]> {
   const { rows } = await db.query<BatchRow & { counts: Partial<LineCounts> }>(
     `SELECT * FROM (
        SELECT ${BATCH_COLUMNS}, ${COUNTS} FROM sarsen.batches b
         WHERE ($1::text IS NULL OR b.namespace_id = $1) AND ($2::text IS NULL OR b.vendor = $2)
-          AND ($3::text IS NULL OR b.id < $3) AND ($4::text IS NULL OR b.id > $4)
+          AND ($3::text IS NULL OR b.id < $3) AND ($4::text IS NULL OR b.id > $4) AND ($6::text IS NULL OR b.id = $6)
         ORDER BY CASE WHEN $4::text IS NULL THEN b.id END DESC, b.id ASC LIMIT $5
      ) page ORDER BY id DESC`,
-    [namespaceId, vendor, opts.after, opts.before, opts.limit],
+    [namespaceId, vendor, opts.after, opts.before, opts.limit, opts.id ?? null],
   );
   return rows.map(withCounts);
 }
@@ -316,6 +316,17 @@ export async function duplicateCustomIds(c: Db, batchId: string, limit: number):
        SELECT custom_id, line, min(line) OVER (PARTITION BY custom_id) AS first FROM sarsen.batch_lines WHERE batch_id = $1
      ) l WHERE line <> first ORDER BY line LIMIT $2`,
     [batchId, limit],
+  );
+  return rows;
+}
+
+export type LineRow = { line: number; custom_id: string; state: LineState; request_id: string | null; error_code: string | null; error_status: number | null };
+
+/** A page of a batch's lines in order, without bodies (the console). */
+export async function listLines(db: Db, batchId: string, afterLine: number, limit: number): Promise<LineRow[]> {
+  const { rows } = await db.query<LineRow>(
+    `SELECT line, custom_id, state, request_id, error_code, error_status FROM sarsen.batch_lines WHERE batch_id = $1 AND line > $2 ORDER BY line LIMIT $3`,
+    [batchId, afterLine, limit],
   );
   return rows;
 }

@@ -68,7 +68,7 @@ describe('accounting', function () {
       const row = data[0];
       expect(Object.keys(row)).to.deep.equal([
         'request_id', 'status', 'model', 'dialect', 'streaming', 'api_key_id', 'api_key_prefix', 'backend_id', 'prompt_tokens',
-        'completion_tokens', 'total_tokens', 'cost', 'stored_bytes', 'attempts', 'recoveries', 'created_at', 'started_at', 'finished_at', 'expired', 'cached_from',
+        'completion_tokens', 'total_tokens', 'cost', 'stored_bytes', 'attempts', 'recoveries', 'created_at', 'started_at', 'finished_at', 'expired', 'cached_from', 'batch_id',
       ]);
       expect(row).to.include({ status: 'succeeded', model: 'gpt-test', dialect: 'chat', streaming: false, api_key_id: t.apiKeyId, backend_id: t.backends.chat, cost: 1000, expired: false });
       expect(row.api_key_prefix).to.equal(t.key.split('_')[1]);
@@ -272,6 +272,9 @@ describe('accounting', function () {
         namespace_id: t.namespaceId,
         stored_bytes: recount.request_bytes + recount.response_bytes + recount.chunk_bytes,
         ...recount,
+        // No batch files or waiting batch lines here (docs/api.md "Batches").
+        file_bytes: 0,
+        batch_bytes: 0,
       });
       expect(recount.request_bytes).to.be.greaterThan(0);
       expect(recount.response_bytes).to.be.greaterThan(0);

@@ -103,6 +103,16 @@ describe('OpenAI batches', function () {
     expect(provider.journal.filter((e) => contentOf(e)?.startsWith(m))).to.have.length(3);
     const listed = await client().batches.list({ limit: 100 });
     expect(listed.data.map((b) => b.id)).to.include(created.id);
+    // The listing names each line's batch; the console's routes list the batch with its progress and its lines.
+    const listing = json(await rawRequest(`${t.base}/requests?limit=200`, { headers: { 'x-sarsen-key': t.key } }));
+    const lineRequests = results.map((r) => r.response!.request_id);
+    expect(listing.data.filter((row: { request_id: string }) => lineRequests.includes(row.request_id)).map((row: { batch_id: string }) => row.batch_id)).to.deep.equal([created.id, created.id, created.id]);
+    const consoleList = await call(server.url, 'GET', `/${t.tenancy}/v1/namespaces/${t.namespace}/batches`, { token: t.adminToken });
+    const row = consoleList.body.data.find((b: { id: string }) => b.id === created.id);
+    expect(row).to.deep.include({ vendor: 'openai', status: 'completed', total: 3, counts: { waiting: 0, running: 0, succeeded: 3, failed: 0, refused: 0, canceled: 0, expired: 0 } });
+    const consoleLines = await call(server.url, 'GET', `/${t.tenancy}/v1/namespaces/${t.namespace}/batches/${created.id}/lines`, { token: t.adminToken });
+    expect(consoleLines.body.data.map((l: { custom_id: string; state: string }) => [l.custom_id, l.state])).to.deep.equal([['a', 'succeeded'], ['b', 'succeeded'], ['c', 'succeeded']]);
+    expect((await call(server.url, 'GET', `/${other.tenancy}/v1/namespaces/${other.namespace}/batches/${created.id}/lines`, { token: other.adminToken })).status).to.equal(404);
     // The input file counts in storage.
     const storage = json(await rawRequest(`${t.base}/storage`, { headers: { 'x-sarsen-key': t.key } }));
     expect(storage.file_bytes).to.be.at.least(Buffer.byteLength(input));

@@ -12,6 +12,7 @@ import { apiKeyRoutes } from './api-keys.ts';
 import { userRoutes } from './users.ts';
 import { billingRoutes } from './billing.ts';
 import { requestRoutes } from './requests.ts';
+import { batchConsoleRoutes } from './batches.ts';
 
 export function adminRouter(deps: Deps): Router {
   const router = express.Router();
@@ -24,5 +25,6 @@ export function adminRouter(deps: Deps): Router {
   userRoutes(deps, router);
   billingRoutes(deps, router);
   requestRoutes(deps, router);
+  batchConsoleRoutes(deps, router);
   return router;
 }

@@ -167,6 +167,7 @@ export const listingRowSchema = documents<ReturnType<typeof listingRow>>()(
     finished_at: time.nullable(),
     expired: z.boolean(),
     cached_from: z.string().nullable().describe('the request whose stored answer the response cache served; null otherwise'),
+    batch_id: z.string().nullable().optional().describe('the batch the request is a line of; null otherwise (not in the export)'),
   }),
 );
 export const listing = z.object({ data: z.array(listingRowSchema), next_after: z.string().nullable() });
@@ -312,3 +313,13 @@ export const messageBatch = z.looseObject({
 }).describe("Anthropic's MessageBatch");
 export const messageBatchList = z.object({ data: z.array(messageBatch), has_more: z.boolean(), first_id: z.string().nullable(), last_id: z.string().nullable() });
 export const messageBatchDeleted = z.object({ id: z.string(), type: z.literal('message_batch_deleted') });
+export const consoleBatch = z.object({
+  id: z.string(), vendor: z.enum(['openai', 'anthropic']), endpoint: z.string(), status: z.string(), total: z.number().int(),
+  counts: z.record(z.string(), z.number().int()).describe('lines by state: waiting, running, succeeded, failed, refused, canceled, expired'),
+  created_at: z.string(), ended_at: z.string().nullable(), metadata: z.record(z.string(), z.string()).nullable(),
+});
+export const consoleBatchList = z.object({ data: z.array(consoleBatch), next_after: z.string().nullable() });
+export const consoleBatchLines = z.object({
+  data: z.array(z.object({ line: z.number().int(), custom_id: z.string(), state: z.string(), request_id: z.string().nullable(), error_code: z.string().nullable(), error_status: z.number().int().nullable() })),
+  next_after: z.number().int().nullable(),
+});

@@ -39,6 +39,8 @@ export function listingRow(row: ListingRow) {
     finished_at: iso(row.finished_at),
     expired: row.expired,
     cached_from: row.cached_from,
+    // A batch line's batch (docs/api.md "Batches"); absent from the export's rows.
+    ...(row.batch_id === undefined ? {} : { batch_id: row.batch_id }),
   };
 }
 

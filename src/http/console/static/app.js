@@ -4,6 +4,7 @@ import { h, api, whenSignedOut, formData, fmt, field, table } from './lib.js';
 import { requestsPage, requestPage, usagePage } from './requests.js';
 import { billingPage, usersPage } from './tenancy.js';
 import { namespacePage } from './namespace.js';
+import { batchesPage, batchPage } from './batches.js';
 
 const app = document.getElementById('app');
 const nav = document.getElementById('nav');
@@ -167,6 +168,8 @@ const ROUTES = [
   [/^#\/ns\/([^/]+)\/requests(?:\?(.*))?$/, (ns, query) => requestsPage(decodeURIComponent(ns), query), true],
   [/^#\/ns\/([^/]+)\/requests\/([^/]+)$/, (ns, id) => requestPage(decodeURIComponent(ns), decodeURIComponent(id)), true],
   [/^#\/ns\/([^/]+)\/usage$/, (ns) => usagePage(decodeURIComponent(ns)), true],
+  [/^#\/ns\/([^/]+)\/batches$/, (ns) => batchesPage(decodeURIComponent(ns)), true],
+  [/^#\/ns\/([^/]+)\/batches\/([^/]+)$/, (ns, id) => batchPage(decodeURIComponent(ns), decodeURIComponent(id)), true],
   [/^#\/users$/, () => usersPage(), true],
   [/^#\/billing$/, () => billingPage(), true],
 ];

@@ -18,6 +18,7 @@ export async function namespacePage(ns) {
     h('p', { class: 'subnav' },
       h('a', { href: `#/ns/${encodeURIComponent(ns)}/requests` }, 'Requests'),
       h('a', { href: `#/ns/${encodeURIComponent(ns)}/usage` }, 'Usage and storage'),
+      h('a', { href: `#/ns/${encodeURIComponent(ns)}/batches` }, 'Batches'),
       h('span', { class: 'muted' }, 'Base URL for SDKs: ', h('code', {}, `${location.origin}/${encodeURIComponent(session.tenancy)}/${encodeURIComponent(ns)}/v1`))),
     backendSection(ns, backends.data),
     ruleSection(ns, rules.data, backends.data, backendName),

@@ -56,6 +56,7 @@ export async function requestsPage(ns, query = '') {
     ['Kind', (r) => `${r.dialect}${r.streaming ? ' · stream' : ''}`],
     ['Key', (r) => (r.api_key_prefix ? h('code', {}, r.api_key_prefix) : '—')],
     ['Tokens', (r) => fmt.int(r.total_tokens)],
+    ['Batch', (r) => (r.batch_id ? h('a', { href: nsLink(ns, `/batches/${r.batch_id}`) }, h('code', {}, r.batch_id)) : '')],
     ['Created', (r) => fmt.time(r.created_at)],
   ], async (after) => {
     const q = new URLSearchParams(filters);
