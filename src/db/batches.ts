@@ -330,3 +330,16 @@ export async function listLines(db: Db, batchId: string, afterLine: number, limi
   );
   return rows;
 }
+
+/** Runs `fn` under a savepoint of the caller's transaction: a throw undoes only what `fn` wrote. */
+export async function withSavepoint<T>(c: PoolClient, fn: () => Promise<T>): Promise<T> {
+  await c.query('SAVEPOINT batch_line');
+  try {
+    const out = await fn();
+    await c.query('RELEASE SAVEPOINT batch_line');
+    return out;
+  } catch (err) {
+    await c.query('ROLLBACK TO SAVEPOINT batch_line');
+    throw err;
+  }
+}

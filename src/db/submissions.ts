@@ -372,14 +372,17 @@ async function debit(c: PoolClient, r: NewRequest, micros: number): Promise<void
  * rolls the whole submission back. Null, as for a batch: submit it again.
  */
 export async function submitMetered(pool: Pool, r: NewRequest, s: SubmitSettings): Promise<Submitted | Refused | null> {
-  return withTransaction(pool, async (c) => {
-    // Metered submissions run concurrently, each its own transaction: any shard will do.
-    const [submitted] = await submitBatch(c, [r], s, shard());
-    // An answer from the cache is no new execution: like an attach, it costs nothing.
-    if (submitted && !isRefused(submitted) && !submitted.attached && submitted.cachedFrom === null) {
-      await checkMetering(c, r);
-      await debit(c, r, s.feeMicros);
-    }
-    return submitted ?? null;
-  });
+  return withTransaction(pool, (c) => submitMeteredIn(c, r, s));
+}
+
+/** submitMetered inside the caller's transaction (the batch dispatcher's); a refusal throws, for the caller to roll back. */
+export async function submitMeteredIn(c: PoolClient, r: NewRequest, s: SubmitSettings): Promise<Submitted | Refused | null> {
+  // Metered submissions run concurrently, each its own transaction: any shard will do.
+  const [submitted] = await submitBatch(c, [r], s, shard());
+  // An answer from the cache is no new execution: like an attach, it costs nothing.
+  if (submitted && !isRefused(submitted) && !submitted.attached && submitted.cachedFrom === null) {
+    await checkMetering(c, r);
+    await debit(c, r, s.feeMicros);
+  }
+  return submitted ?? null;
 }

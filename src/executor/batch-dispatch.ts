@@ -10,10 +10,10 @@
 import type { BaseDeps, Deps } from '../deps.ts';
 import { withTransaction, connectionFailed } from '../db/pool.ts';
 import {
-  anyActiveBatch, tryDispatchLock, settleLines, pickWaitingLines, markLines, pauseBatch, finalizingBatches, endBatch, resultPage,
+  anyActiveBatch, tryDispatchLock, settleLines, pickWaitingLines, markLines, pauseBatch, finalizingBatches, endBatch, resultPage, withSavepoint,
   type WaitingLine, type LineOutcome, type Vendor,
 } from '../db/batches.ts';
-import { submitBatch, isRefused, type NewRequest } from '../db/submissions.ts';
+import { submitBatch, submitMeteredIn, isRefused, MeteringRefusal, type NewRequest } from '../db/submissions.ts';
 import { shard } from '../db/counters.ts';
 import { resolveModel } from '../control/resolve-model.ts';
 import { servesDialect } from '../core/dialects.ts';
@@ -83,7 +83,22 @@ async function round(deps: BaseDeps): Promise<boolean> {
       else outcomes.push({ batchId: line.batch_id, line: line.line, refusal: made });
     }
     const s = deps.settings.current();
-    const answers = submitted.length === 0 ? [] : await submitBatch(c, submitted.map((x) => x.request), { windowMs: s.idempotency_window_ms, feeMicros: s.request_fee_micros, leaseMs: s.lease_ms }, shard());
+    const submitSettings = { windowMs: s.idempotency_window_ms, feeMicros: s.request_fee_micros, leaseMs: s.lease_ms };
+    let answers: Awaited<ReturnType<typeof submitBatch>> = [];
+    if (!s.metering_enabled) {
+      if (submitted.length > 0) answers = await submitBatch(c, submitted.map((x) => x.request), submitSettings, shard());
+    } else {
+      // Metering checks credit and caps per submission: one line at a time, a refusal failing that line alone.
+      for (const { line, request } of submitted) {
+        try {
+          answers.push(await withSavepoint(c, () => submitMeteredIn(c, request, submitSettings)));
+        } catch (err) {
+          if (!(err instanceof MeteringRefusal)) throw err;
+          answers.push(null);
+          outcomes.push({ batchId: line.batch_id, line: line.line, refusal: refusal(err.reason, err.message) });
+        }
+      }
+    }
     const paused = new Map<string, number>();
     answers.forEach((answer, i) => {
       const { line } = submitted[i]!;

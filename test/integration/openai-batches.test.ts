@@ -9,6 +9,7 @@ import { rawRequest, json, until } from '../support/http.ts';
 import { gate } from './streaming-support.ts';
 import { call } from '../support/control-plane.ts';
 import { runRetentionSweep } from '../../src/executor/retention.ts';
+import { setSetting } from '../../src/config/settings.ts';
 
 type Line = { id: string; custom_id: string; response: { status_code: number; request_id: string | null; body: unknown } | null; error: { code: string; message: string } | null };
 
@@ -235,5 +236,22 @@ describe('OpenAI batches', function () {
     }
     expect((await client(r).files.list()).data).to.deep.equal([]);
     expect((await storage()).file_bytes).to.equal(0);
+  });
+  it('with metering on, a line the tenancy has no credit for fails as that line, 402 insufficient_credits', async () => {
+    await setSetting(server.pool, 'metering_enabled', 'true');
+    await server.settings.refresh();
+    try {
+      const m = marker();
+      const created = await client().batches.create({ input_file_id: (await upload(chatLine('broke', m))).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+      const done = await ended(created.id, 'completed');
+      expect(done.request_counts).to.deep.equal({ total: 1, completed: 0, failed: 1 });
+      const [line] = lines(await content(done.error_file_id!));
+      expect(line!.response!.status_code).to.equal(402);
+      expect(line!.error!.code).to.equal('insufficient_credits');
+      expect(provider.journal.filter((e) => contentOf(e) === m)).to.have.length(0);
+    } finally {
+      await setSetting(server.pool, 'metering_enabled', 'false');
+      await server.settings.refresh();
+    }
   });
 });
