@@ -5,7 +5,7 @@
 // and enumerated values, never a prompt, an answer, a credential or a key secret.
 import { GENAI, OPERATION, providerName, answerFacts, createStreamFacts, type ResponseFacts } from '../core/genai.ts';
 import type { Dialect } from '../core/dialects.ts';
-import { context, trace, SpanKind, SpanStatusCode, contextOf, linkTo, activeSpan, within, failed, type Span, type Tracer } from './tracing.ts';
+import { context, trace, SpanKind, SpanStatusCode, contextOf, linkTo, activeSpan, within, failed, traceparentOf, type Span, type Tracer } from './tracing.ts';
 
 // Submissions and terminal writes waiting in a group commit, by writer and request id, so the
 // flush that takes them can tell each its batch and its wait for the lane.
@@ -49,9 +49,7 @@ async function inGroupCommit<T>(writer: string, id: string, span: Span, fn: () =
 /** The W3C traceparent of the current span (the caller's request), stored with what it creates. */
 export function currentTraceParent(): string | null {
   const span = activeSpan();
-  if (!span) return null;
-  const c = span.spanContext();
-  return `00-${c.traceId}-${c.spanId}-0${(c.traceFlags & 1).toString(16)}`;
+  return span ? traceparentOf(span) : null;
 }
 
 export type AcceptedFacts = { requestId: string; attached: boolean; cachedFrom: string | null };
@@ -195,5 +193,3 @@ export function linkAttached(spans: readonly (Span | undefined)[], traceParent: 
   const link = linkTo(traceParent, { 'sarsen.link': 'attached_to' });
   if (link) for (const s of spans) s?.addLink(link);
 }
-
-export { failed, trace };
