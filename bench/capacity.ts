@@ -38,7 +38,7 @@ import { runWrk, wrkVersion, describeFailures, type WrkResult } from './lib/wrk.
 import { serverCpuMs } from './lib/cpu.ts';
 import { treeCpuMs, processTree } from './lib/process-tree.ts';
 import { runLongStreams, type LongResult, type LongShape, type LongSide } from './lib/long-streams.ts';
-import { allowedCpus, assertPinned, hasTaskset, parseCpuList, pin, pinTree } from './lib/pin.ts';
+import { allowedCpus, assertPinned, cpusBusyMs, hasTaskset, parseCpuList, pin, pinTree } from './lib/pin.ts';
 import { startOwnedPostgres, type OwnedPostgres } from './lib/owned-postgres.ts';
 import { settledDbCost, costBetween, statementCounts, busiestStatements, type DbCost, type StatementCounts } from './lib/db-cost.ts';
 import { fmt, table, verdict } from './lib/stats.ts';
@@ -72,6 +72,16 @@ const ARRIVAL_MS = Number(args['arrival-s']) * 1000;
 const WITHIN = Number(args.within);
 const LOAD_CPUS = args['load-cpus'];
 const PROXY_CPUS = args['proxy-cpus'];
+
+/** Starts watching both sets of CPUs; the answer says how busy each was since. */
+function watchCpus(): () => Busy {
+  const [load, proxy] = [parseCpuList(LOAD_CPUS), parseCpuList(PROXY_CPUS)];
+  const [load0, proxy0, t0] = [cpusBusyMs(load), cpusBusyMs(proxy), performance.now()];
+  return () => {
+    const wall = performance.now() - t0;
+    return { load: (cpusBusyMs(load) - load0) / wall / load.length, proxy: (cpusBusyMs(proxy) - proxy0) / wall / proxy.length };
+  };
+}
 const PARTS = new Set(args.parts.split(','));
 for (const p of PARTS) if (!PART_NAMES.includes(p)) throw new Error(`unknown part ${p}; the parts are ${PART_NAMES.join(', ')}`);
 if (![SECONDS, WARMUP, FRAMES, FRAME_MS, ...LEVELS, ...LADDER].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1 || FRAMES < 2 || !(ARRIVAL_MS > 0) || !(WITHIN >= 1) || LADDER.some((n) => n < 1)) {
@@ -96,9 +106,11 @@ const chatBody = `{"model":"gpt-bench","messages":[{"role":"user","content":"cap
 
 type Side = LongSide & { name: 'direct' | 'gateway' | 'sarsen' };
 /** A pinned wrk run and the CPU the proxy's processes and (for Sarsen) PostgreSQL used over it, in ms. */
-type Measured = WrkResult & { wallMs: number; proxyMs: number; pgMs: number; db: DbWork | null };
+type Measured = WrkResult & { wallMs: number; proxyMs: number; pgMs: number; busy: Busy; db: DbWork | null };
+/** How busy the load's CPUs and the proxy's were over a run, as a share of their time. */
+type Busy = { load: number; proxy: number };
 /** A count of streams through a side, against the direct run at that count. */
-type Step = { n: number; run: LongResult; direct: LongResult; ratio: number; passed: boolean; db: DbWork | null };
+type Step = { n: number; run: LongResult; busy: Busy; direct: LongResult; ratio: number; passed: boolean; db: DbWork | null };
 /** What Sarsen's database did over a run: totals, and its busiest statements per request or frame. */
 type DbWork = { cost: DbCost; busiest: ReturnType<typeof busiestStatements> };
 type DbMark = { cost: DbCost; statements: StatementCounts };
@@ -205,11 +217,12 @@ async function main(): Promise<void> {
         const cpu0 = treeCpuMs(side.pid);
         const pg0 = side.name === 'sarsen' ? serverCpuMs(postmaster) : 0;
         const t0 = performance.now();
+        const busy = watchCpus();
         const r = await runWrk({ ...load, durationS: SECONDS });
         const wallMs = performance.now() - t0;
         const proxyMs = treeCpuMs(side.pid) - cpu0;
         const pgMs = side.name === 'sarsen' ? serverCpuMs(postmaster) - pg0 : 0;
-        return { ...r, wallMs, proxyMs, pgMs, db: db0 && database ? await dbWork(database, db0, r.requests) : null };
+        return { ...r, wallMs, proxyMs, pgMs, busy: busy(), db: db0 && database ? await dbWork(database, db0, r.requests) : null };
       };
       const gw = new Map<number, Measured>();
       for (const c of LEVELS) gw.set(c, await measure(viaGateway, c, null));
@@ -237,11 +250,13 @@ async function main(): Promise<void> {
           progress(`${n} streams: ${side.name}`);
           pinSide(side);
           const db0 = database ? await dbMark(database) : null;
+          const busy = watchCpus();
           const run = await runLongStreams(side, providerUrl!, shape(n), { postmaster: side.name === 'sarsen' ? postmaster : null });
+          const wasBusy = busy();
           const d = directAt.get(n)!;
           const ratio = run.duration.p50 / d.duration.p50;
           const passed = ratio <= WITHIN && run.byteExact === n;
-          steps.push({ n, run, direct: d, ratio, passed, db: db0 && database ? await dbWork(database, db0, run.frames) : null });
+          steps.push({ n, run, busy: wasBusy, direct: d, ratio, passed, db: db0 && database ? await dbWork(database, db0, run.frames) : null });
           progress(`${n} streams: ${side.name} p50 ${fmt(run.duration.p50, 0)} ms, ${fmt(ratio, 3)}× direct, ${run.byteExact}/${n} byte-exact: ${passed ? 'within' : 'MISSED'}`);
           if (!passed) break;
         }
@@ -270,12 +285,13 @@ async function main(): Promise<void> {
 
 const cores = (ms: number, wallMs: number) => ms / wallMs;
 const per = (x: number, n: number, digits = 2) => fmt(x / n, digits);
+const pct = (share: number) => `${fmt(share * 100, 0)}%`;
 
 function report(requests: Map<string, Map<number, Measured>>, ladders: Map<string, Step[]>): void {
   const targets: string[][] = [];
 
   if (requests.size > 0) {
-    out(`Non-streaming, closed loop, each proxy on CPU ${PROXY_CPUS} (latency in ms; CPU in cores of the run and µs a request: the proxy's processes, PostgreSQL's; per core-second: requests / (their CPU seconds))`);
+    out(`Non-streaming, closed loop, each proxy on CPU ${PROXY_CPUS} (latency in ms; CPU in cores of the run and µs a request: the proxy's processes, PostgreSQL's; per core-second: requests / (their CPU seconds); busy: the share of the proxy's and the load's CPUs used, by anything)`);
     const rows: string[][] = [];
     const perCoreSecond = (m: Measured) => m.requests / ((m.proxyMs + m.pgMs) / 1000);
     for (const c of LEVELS) {
@@ -286,7 +302,7 @@ function report(requests: Map<string, Map<number, Measured>>, ladders: Map<strin
           String(c), name, fmt(m.rate, 0), gw ? fmt(m.rate / gw.rate, 2) : '', fmt(m.p50Ms, 2), fmt(m.p99Ms, 2), describeFailures(m),
           fmt(cores(m.proxyMs, m.wallMs), 2), fmt(cores(m.pgMs, m.wallMs), 2),
           per(m.proxyMs * 1000, m.requests, 0), per(m.pgMs * 1000, m.requests, 0), per((m.proxyMs + m.pgMs) * 1000, m.requests, 0),
-          fmt(perCoreSecond(m), 0), gw ? fmt(perCoreSecond(m) / perCoreSecond(gw), 2) : '',
+          fmt(perCoreSecond(m), 0), gw ? fmt(perCoreSecond(m) / perCoreSecond(gw), 2) : '', pct(m.busy.proxy), pct(m.busy.load),
         ]);
       }
       const s = requests.get('sarsen')?.get(c);
@@ -295,7 +311,7 @@ function report(requests: Map<string, Map<number, Measured>>, ladders: Map<strin
         targets.push([`requests per core-second at c=${c}, × the gateway's`, '≥ 0.8', fmt(ratio, 2), verdict(ratio, 0.8, 'higher', '×')]);
       }
     }
-    out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p99', 'failures', 'proxy cores', 'PostgreSQL cores', 'proxy µs/req', 'PostgreSQL µs/req', 'total µs/req', 'req/core-s', '× gateway'], rows));
+    out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p99', 'failures', 'proxy cores', 'PostgreSQL cores', 'proxy µs/req', 'PostgreSQL µs/req', 'total µs/req', 'req/core-s', '× gateway', 'proxy CPU busy', 'load CPU busy'], rows));
     const sarsen = [...(requests.get('sarsen') ?? [])].filter(([, m]) => m.db);
     if (sarsen.length > 0) {
       out('Sarsen\'s database per request (its database\'s pg_stat_database and pg_stat_statements; WAL: the server\'s, which nothing else writes)');
@@ -314,11 +330,11 @@ function report(requests: Map<string, Map<number, Measured>>, ladders: Map<strin
         const pgMs = Number.isFinite(r.pgCpuMs) ? r.pgCpuMs : 0;
         rows.push([
           String(s.n), name, `${r.byteExact}/${s.n}`, fmt(s.direct.duration.p50, 0), fmt(r.duration.p50, 0), fmt(s.ratio, 3), s.passed ? 'within' : 'MISSED',
-          per(r.cpuMs * 1000, r.frames), per(pgMs * 1000, r.frames), per((r.cpuMs + pgMs) * 1000, r.frames), fmt(r.peakRssMb, 0), r.failures,
+          per(r.cpuMs * 1000, r.frames), per(pgMs * 1000, r.frames), per((r.cpuMs + pgMs) * 1000, r.frames), fmt(r.peakRssMb, 0), pct(s.busy.proxy), pct(s.busy.load), r.failures,
         ]);
       }
     }
-    out(table(['streams', 'side', 'byte-exact', 'direct p50', 'p50', '× direct', `≤ ${WITHIN}×`, 'proxy ms/1k frames', 'PostgreSQL', 'total', 'peak RSS MB', 'failures'], rows));
+    out(table(['streams', 'side', 'byte-exact', 'direct p50', 'p50', '× direct', `≤ ${WITHIN}×`, 'proxy ms/1k frames', 'PostgreSQL', 'total', 'peak RSS MB', 'proxy CPU busy', 'load CPU busy', 'failures'], rows));
     const slow = [...new Set([...ladders.values()].flat().map((s) => s.direct))].filter((d) => d.duration.p50 > ((FRAMES - 1) * FRAME_MS) * WITHIN);
     if (slow.length > 0) out(`NOTE: the direct run itself took over ${WITHIN}× the provider's schedule at ${slow.map((d) => d.started).join(', ')} streams: the load's CPUs, not the proxy, bound those counts`);
     const sarsenSteps = (ladders.get('sarsen') ?? []).filter((s) => s.db);

@@ -68,3 +68,20 @@ export function assertPinned(pid: number, cpus: string): void {
     if (have !== want) throw new Error(`process ${p} may run on CPUs ${have}, not only ${want}`);
   }
 }
+
+/**
+ * Busy time so far of the given CPUs, in ms summed over them (/proc/stat's per-CPU lines: user,
+ * nice, system, irq, softirq and steal). Whether a set of CPUs was saturated over a run says
+ * which side bounded it: the proxy's CPU at 100% is its capacity, the load's at 100% is not.
+ */
+export function cpusBusyMs(cpus: readonly number[]): number {
+  const TICKS_PER_SECOND = 100; // USER_HZ on Linux
+  let ticks = 0;
+  for (const line of fs.readFileSync('/proc/stat', 'utf8').split('\n')) {
+    const m = /^cpu(\d+)\s+(.*)$/.exec(line);
+    if (!m || !cpus.includes(Number(m[1]))) continue;
+    const [user, nice, system, , , irq, softirq, steal] = m[2]!.trim().split(/\s+/).map(Number) as number[];
+    ticks += user! + nice! + system! + irq! + softirq! + steal!;
+  }
+  return (ticks * 1000) / TICKS_PER_SECOND;
+}
