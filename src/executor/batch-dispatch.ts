@@ -22,7 +22,7 @@ import { newId } from '../core/ids.ts';
 import { ERROR_CODES, type ErrorCode } from '../core/errors.ts';
 import { openaiResultLine, succeeded } from '../core/batch-shapes.ts';
 
-// How soon the next round runs: at once while there is work, slowly while there is none.
+// How soon the next round runs: soon while lines move or are in flight, slowly while none are.
 const BUSY_MS = 20;
 const IDLE_MS = 250;
 const PAGE = 500;
@@ -67,13 +67,14 @@ async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest |
   };
 }
 
-/** One round inside the dispatch lock; answers whether anything moved. */
+/** One round inside the dispatch lock; answers whether lines moved or are in flight. */
 async function round(deps: BaseDeps): Promise<boolean> {
   return withTransaction(deps.pool, async (c) => {
     if (!(await tryDispatchLock(c))) return false;
     const settled = await settleLines(c);
     const free = deps.settings.current().batch_lines_in_flight - settled.inFlight;
-    if (free <= 0) return settled.settled + settled.expired > 0;
+    // Lines in flight end soon: look again at the busy pace.
+    if (free <= 0) return true;
     const waiting = await pickWaitingLines(c, free);
     const outcomes: LineOutcome[] = [];
     const submitted: { line: WaitingLine; request: NewRequest }[] = [];
@@ -109,7 +110,7 @@ async function round(deps: BaseDeps): Promise<boolean> {
     });
     for (const [id, seconds] of paused) await pauseBatch(c, id, seconds);
     await markLines(c, outcomes);
-    return settled.settled + settled.expired + outcomes.length > 0;
+    return settled.settled + settled.expired + outcomes.length > 0 || settled.inFlight > 0;
   });
 }
 
