@@ -25,7 +25,8 @@ const SERVED =
   'Sarsen serves, under /{tenancy}/{namespace}/v1: POST /chat/completions, POST /messages, POST /responses, ' +
   'POST /requests?dialect=chat|messages|responses, GET /requests/{id} (the record, or its stream replayed), ' +
   'GET /requests/{id}/summary, POST /requests/{id}/cancel, GET /requests, GET /requests/export, GET /usage, GET /storage, and GET, DELETE /responses/{id}, ' +
-  'POST /responses/{id}/cancel and GET /responses/{id}/input_items (background responses). ' +
+  'POST /responses/{id}/cancel and GET /responses/{id}/input_items (background responses), ' +
+  '/files and /batches (OpenAI batches) and /messages/batches (Anthropic message batches). ' +
   'There is no model-listing, token-counting or embeddings route.';
 const ADMIN_PATH = /^\/[^/]+\/v1(\/|$)/;
 
