@@ -71,15 +71,15 @@ const ticks = Array.from({ length: 6 }, (_, i) => `<span style="left:${i * 20}%"
 const html = `<!doctype html><meta charset="utf-8"><style>
 body{font:12px system-ui,sans-serif;margin:16px;color:#1d2330;background:#fff}
 h1{font-size:15px;margin:0 0 4px} p.note{margin:0 0 12px;color:#5a6170}
-h2{font-size:12px;margin:14px 0 4px;padding:4px 6px;background:#eef1f6;border-left:3px solid #5b7bd5}
+h2{font-size:12px;margin:14px 80px 4px 0;padding:4px 6px;background:#eef1f6;border-left:3px solid #5b7bd5}
 .row{display:flex;border-bottom:1px solid #eceef2;min-height:30px}
-.name{width:46%;padding:3px 0;overflow:hidden} .attrs{color:#5a6170;font-size:11px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
-.lane{position:relative;flex:1;border-left:1px solid #dde1e8}
+.name{flex:0 0 40%;box-sizing:border-box;padding:3px 0;overflow:hidden} .attrs{color:#5a6170;font-size:11px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+.lane{position:relative;flex:1;border-left:1px solid #dde1e8;margin-right:80px}
 .bar{position:absolute;top:8px;height:12px;border-radius:2px} .bar.api{background:#5b7bd5} .bar.exec{background:#3fa37c}
 .dur{position:absolute;top:7px;font-size:11px;color:#5a6170;white-space:nowrap}
 .svc{font-size:10px;padding:0 4px;border-radius:3px;color:#fff;margin-right:4px} .svc.api{background:#5b7bd5} .svc.exec{background:#3fa37c}
 i{color:#8a90a0;font-style:normal;font-size:11px} .link{color:#b0542b}
-.axis{display:flex} .axis .pad{width:46%} .axis .ticks{position:relative;flex:1;height:16px;border-bottom:1px solid #c8cdd6}
+.axis{display:flex} .axis .pad{flex:0 0 40%} .axis .ticks{position:relative;flex:1;height:16px;border-bottom:1px solid #c8cdd6;margin-right:80px}
 .ticks span{position:absolute;font-size:10px;color:#5a6170;transform:translateX(-50%)}
 </style>
 <h1>One request's traces, as Sarsen exported them (OTLP/HTTP), drawn on one time axis</h1>
