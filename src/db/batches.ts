@@ -173,12 +173,13 @@ export async function settleLines(c: PoolClient): Promise<{ settled: number; exp
          FROM sarsen.requests q
         WHERE l.state = 'running' AND q.id = l.request_id AND q.status IN ('succeeded', 'failed')
        RETURNING l.batch_id, l.line
-     ), lapsed AS (
-       UPDATE sarsen.batches SET expired_at = now() WHERE ended_at IS NULL AND expired_at IS NULL AND expires_at <= now() RETURNING id
      ), expired AS (
        UPDATE sarsen.batch_lines SET state = 'expired', body = NULL
         WHERE state = 'waiting' AND batch_id IN (SELECT id FROM sarsen.batches WHERE ended_at IS NULL AND expires_at <= now())
-       RETURNING 1
+       RETURNING batch_id
+     ), lapsed AS (
+       -- Expired: a batch the window ended with lines unrun (one whose every line had started is not).
+       UPDATE sarsen.batches SET expired_at = now() WHERE id IN (SELECT batch_id FROM expired) AND expired_at IS NULL RETURNING id
      )
      SELECT (SELECT count(*) FROM settled)::int AS settled, (SELECT count(*) FROM expired)::int AS expired,
             ((SELECT count(*) FROM sarsen.batch_lines WHERE state = 'running') - (SELECT count(*) FROM settled))::int AS in_flight,
