@@ -254,4 +254,18 @@ describe('OpenAI batches', function () {
       await server.settings.refresh();
     }
   });
+  it('identical lines in one batch attach to one execution: one provider call, a result for each custom_id', async () => {
+    const m = marker();
+    const input = [chatLine('same-1', m), chatLine('same-2', m), chatLine('other', `${m}-other`)].join('\n');
+    const created = await client().batches.create({ input_file_id: (await upload(input)).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    const done = await ended(created.id, 'completed');
+    expect(done.request_counts).to.deep.equal({ total: 3, completed: 3, failed: 0 });
+    const output = await content(done.output_file_id!);
+    const results = lines(output);
+    const byId = new Map(results.map((r) => [r.custom_id, r]));
+    expect(byId.get('same-1')!.response!.request_id).to.equal(byId.get('same-2')!.response!.request_id);
+    expect(byId.get('other')!.response!.request_id).to.not.equal(byId.get('same-1')!.response!.request_id);
+    expect(rawBodies(output).get('same-1')).to.equal(rawBodies(output).get('same-2'));
+    expect(provider.journal.filter((e) => contentOf(e) === m)).to.have.length(1);
+  });
 });
