@@ -268,4 +268,23 @@ describe('OpenAI batches', function () {
     expect(rawBodies(output).get('same-1')).to.equal(rawBodies(output).get('same-2'));
     expect(provider.journal.filter((e) => contentOf(e) === m)).to.have.length(1);
   });
+  it('lines run at the pace the key\'s rate limit allows: over it, the batch waits instead of failing lines', async () => {
+    const made = await call(server.url, 'POST', `/${t.tenancy}/v1/namespaces/${t.namespace}/api-keys`, { token: t.adminToken, body: { name: `limited-${marker()}`, grants: ['use'], limits: { requests_per_minute: 2 } } });
+    expect(made.status).to.equal(201);
+    const limited = { ...t, key: made.body.key as string };
+    const m = marker();
+    const input = Array.from({ length: 4 }, (_, i) => chatLine(`r${i}`, `${m}-${i}`)).join('\n');
+    const created = await client(limited).batches.create({ input_file_id: (await upload(input, limited)).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    // Two lines fit the key's minute; the others wait, none fails.
+    await until(async () => ((await client(limited).batches.retrieve(created.id)).request_counts!.completed === 2 ? true : undefined));
+    const paused = await server.pool.query(`SELECT paused_until > now() AS paused FROM sarsen.batches WHERE id = $1`, [created.id]);
+    expect(paused.rows[0].paused).to.equal(true);
+    const now = await client(limited).batches.retrieve(created.id);
+    expect(now.status).to.equal('in_progress');
+    expect(now.request_counts).to.deep.equal({ total: 4, completed: 2, failed: 0 });
+    expect(provider.journal.filter((e) => contentOf(e)?.startsWith(m))).to.have.length(2);
+    // The next minute would run them; a cancel ends the test sooner.
+    await client(limited).batches.cancel(created.id);
+    expect((await ended(created.id, 'cancelled')).request_counts).to.deep.equal({ total: 4, completed: 2, failed: 2 });
+  });
 });
