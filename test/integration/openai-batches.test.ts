@@ -287,4 +287,14 @@ describe('OpenAI batches', function () {
     await client(limited).batches.cancel(created.id);
     expect((await ended(created.id, 'cancelled')).request_counts).to.deep.equal({ total: 4, completed: 2, failed: 2 });
   });
+  it('a /v1/responses batch runs each line on the Responses route of a chat backend', async () => {
+    const m = marker();
+    const line = JSON.stringify({ custom_id: 'resp', method: 'POST', url: '/v1/responses', body: { model: 'gpt-test', input: m } });
+    const created = await client().batches.create({ input_file_id: (await upload(line)).id, endpoint: '/v1/responses', completion_window: '24h' });
+    const done = await ended(created.id, 'completed');
+    expect(done.request_counts).to.deep.equal({ total: 1, completed: 1, failed: 0 });
+    const [result] = lines(await content(done.output_file_id!));
+    expect((result!.response!.body as { object: string }).object).to.equal('response');
+    expect(provider.journal.filter((e) => e.json?.input === m).map((e) => e.path)).to.deep.equal(['/v1/responses']);
+  });
 });
