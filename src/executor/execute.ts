@@ -176,7 +176,7 @@ export async function runAttempt(deps: ExecutorDeps, attempt: Attempt, settings:
       });
   const tokens = outcome.kind === 'succeeded' || outcome.kind === 'failed' ? outcome.tokens : undefined;
   const errorType = outcome.kind === 'succeeded' ? null : 'end' in outcome ? (outcome.end.status === null ? 'transport' : String(outcome.end.status)) : outcome.kind;
-  observeGenAiCall(OPERATION, providerName(backend.dialect), attempt.model, started, errorType, tokens?.prompt ?? null, tokens?.completion ?? null);
+  observeGenAiCall(OPERATION, providerName(backend.dialect), started, errorType, tokens?.prompt ?? null, tokens?.completion ?? null);
   return outcome;
 }
 

@@ -4,8 +4,7 @@
 // requests by state) are read when scraped, through sources the composition root registers.
 //
 // Label values are bounded: route patterns, dialects, backend kinds, status classes, error
-// codes, reasons. Never a request id, a key or a prompt; a model name only on the two GenAI
-// client metrics, whose conventions ask for it, and there at most MAX_MODELS of them.
+// codes, reasons. Never a request id, a key, a prompt or a model name.
 import client from 'prom-client';
 
 export const registry = new client.Registry();
@@ -215,26 +214,18 @@ export function registerConnections(open: () => Counts | null, budget: Counts): 
 
 // The GenAI client metrics of the OpenTelemetry semantic conventions, under their conventional
 // names as a Prometheus exposition writes them (dots become underscores, the unit a suffix) and
-// with their advisory buckets (docs/operations.md "Metrics").
+// with their advisory buckets (docs/operations.md "Metrics"). The conventions' request model is
+// left out: it is caller text (a rule may take a wildcard), which labels never carry; spans have it.
 const TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864];
 const DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
-const GENAI_LABELS = ['gen_ai_operation_name', 'gen_ai_provider_name', 'gen_ai_request_model'];
+const GENAI_LABELS = ['gen_ai_operation_name', 'gen_ai_provider_name'];
 const tokenUsage = histogram('gen_ai_client_token_usage', 'GenAI client metric gen_ai.client.token.usage ({token}): input and output tokens per provider call.', TOKEN_BUCKETS, [...GENAI_LABELS, 'gen_ai_token_type']);
 const operationDuration = histogram('gen_ai_client_operation_duration_seconds', 'GenAI client metric gen_ai.client.operation.duration (s): each provider call, to the end of its answer.', DURATION_BUCKETS, [...GENAI_LABELS, 'error_type']);
-// Models are caller text matched by rules that may take a wildcard: past this many, `_other`.
-const MAX_MODELS = 100;
-const models = new Set<string>();
-const modelLabel = (model: string): string => {
-  if (models.has(model)) return model;
-  if (models.size >= MAX_MODELS) return '_other';
-  models.add(model);
-  return model;
-};
 
 /** One provider call (`startedAt` from performance.now(); `errorType` null when it succeeded) and its tokens. */
-export function observeGenAiCall(operation: string, provider: string, model: string, startedAt: number, errorType: string | null, input: number | null, output: number | null): void {
-  const labels = { gen_ai_operation_name: operation, gen_ai_provider_name: provider, gen_ai_request_model: modelLabel(model) };
-  operationDuration.observe(errorType === null ? { ...labels, error_type: '' } : { ...labels, error_type: errorType }, (performance.now() - startedAt) / 1000);
+export function observeGenAiCall(operation: string, provider: string, startedAt: number, errorType: string | null, input: number | null, output: number | null): void {
+  const labels = { gen_ai_operation_name: operation, gen_ai_provider_name: provider };
+  operationDuration.observe({ ...labels, error_type: errorType ?? '' }, (performance.now() - startedAt) / 1000);
   if (input !== null) tokenUsage.observe({ ...labels, gen_ai_token_type: 'input' }, input);
   if (output !== null) tokenUsage.observe({ ...labels, gen_ai_token_type: 'output' }, output);
 }
