@@ -22,12 +22,17 @@ import { newId } from '../core/ids.ts';
 import { ERROR_CODES, type ErrorCode } from '../core/errors.ts';
 import { openaiResultLine, succeeded } from '../core/batch-shapes.ts';
 
-// How soon the next round runs: soon while lines move or are in flight, slowly while none are.
+// How soon the next round runs: soon after lines moved; while lines are in flight and none
+// moved (they wait on the provider, or yield to acceptance), twice as late each round up to the
+// idle pace, so a waiting batch does not poll the database 50 times a second.
 const BUSY_MS = 20;
 const IDLE_MS = 250;
+
+/** What a round saw. */
+type Round = { moved: boolean; inFlight: boolean };
 const PAGE = 500;
 
-export type BatchDispatcher = { stop(): Promise<void>; nudge(): void };
+export type BatchDispatcher = { stop(): Promise<void> };
 
 const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_CODES[code].status, message });
 
@@ -67,14 +72,13 @@ async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest |
   };
 }
 
-/** One round inside the dispatch lock; answers whether lines moved or are in flight. */
-async function round(deps: BaseDeps): Promise<boolean> {
+/** One round inside the dispatch lock. */
+async function round(deps: BaseDeps): Promise<Round> {
   return withTransaction(deps.pool, async (c) => {
-    if (!(await tryDispatchLock(c))) return false;
+    if (!(await tryDispatchLock(c))) return { moved: false, inFlight: false };
     const settled = await settleLines(c);
     const free = deps.settings.current().batch_lines_in_flight - settled.inFlight;
-    // Lines in flight end soon: look again at the busy pace.
-    if (free <= 0) return true;
+    if (free <= 0) return { moved: settled.settled + settled.expired > 0, inFlight: true };
     const waiting = await pickWaitingLines(c, free);
     const outcomes: LineOutcome[] = [];
     const submitted: { line: WaitingLine; request: NewRequest }[] = [];
@@ -110,7 +114,7 @@ async function round(deps: BaseDeps): Promise<boolean> {
     });
     for (const [id, seconds] of paused) await pauseBatch(c, id, seconds);
     await markLines(c, outcomes);
-    return settled.settled + settled.expired + outcomes.length > 0 || settled.inFlight > 0;
+    return { moved: settled.settled + settled.expired + outcomes.length > 0, inFlight: settled.inFlight > 0 };
   });
 }
 
@@ -144,38 +148,33 @@ export function startBatchDispatcher(deps: BaseDeps): BatchDispatcher {
   let timer: NodeJS.Timeout | null = null;
   let running: Promise<void> | null = null;
 
-  const work = async (): Promise<boolean> => {
-    if (!(await anyActiveBatch(deps.pool))) return false;
-    const moved = await round(deps);
+  const work = async (): Promise<Round> => {
+    if (!(await anyActiveBatch(deps.pool))) return { moved: false, inFlight: false };
+    const seen = await round(deps);
     for (const b of await finalizingBatches(deps.pool)) await finalize(deps, b);
-    return moved;
+    return seen;
   };
 
   const schedule = (ms: number) => {
     if (!stopped && timer === null && running === null) timer = setTimeout(tick, ms);
   };
+  let pace = IDLE_MS;
   const tick = () => {
     timer = null;
     if (stopped) return;
-    let moved = false;
+    let seen: Round = { moved: false, inFlight: false };
     running = work()
-      .then((m) => void (moved = m))
+      .then((r) => void (seen = r))
       .catch((err: unknown) => connectionFailed('batch dispatch failed; will try again', err))
       .finally(() => {
         running = null;
-        schedule(moved ? BUSY_MS : IDLE_MS);
+        pace = seen.moved ? BUSY_MS : seen.inFlight ? Math.min(pace * 2, IDLE_MS) : IDLE_MS;
+        schedule(pace);
       });
   };
   schedule(0);
 
   return {
-    nudge() {
-      if (timer !== null && running === null) {
-        clearTimeout(timer);
-        timer = null;
-        schedule(0);
-      }
-    },
     async stop() {
       stopped = true;
       if (timer) clearTimeout(timer);
