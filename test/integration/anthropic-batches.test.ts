@@ -163,4 +163,22 @@ describe('Anthropic message batches', function () {
     expect(raw.status).to.equal(404);
     expect((await elsewhere.messages.batches.list()).data.map((b) => b.id)).to.not.include(created.id);
   });
+  it('takes a body above the 2 MiB submission limit, up to message_batch_max_bytes', async () => {
+    const m = marker();
+    // Three requests of 0.9 MiB each: 2.7 MiB in one body, each line under the submission limit.
+    const big = 'x'.repeat(900 * 1024);
+    const created = await client().messages.batches.create({ requests: ['a', 'b', 'c'].map((id) => request(id, `${m}-${id} ${big}`)) });
+    const done = await ended(created.id);
+    expect(done.request_counts).to.deep.equal({ processing: 0, succeeded: 3, errored: 0, canceled: 0, expired: 0 });
+    await setSetting(server.pool, 'message_batch_max_bytes', String(1024 * 1024));
+    await server.settings.refresh();
+    try {
+      let caught: unknown;
+      await client().messages.batches.create({ requests: ['a', 'b'].map((id) => request(id, `${m}-again-${id} ${big}`)) }).catch((err: unknown) => (caught = err));
+      expect((caught as { status?: number }).status).to.equal(413);
+    } finally {
+      await setSetting(server.pool, 'message_batch_max_bytes', '268435456');
+      await server.settings.refresh();
+    }
+  });
 });

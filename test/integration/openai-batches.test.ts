@@ -297,4 +297,18 @@ describe('OpenAI batches', function () {
     expect((result!.response!.body as { object: string }).object).to.equal('response');
     expect(provider.journal.filter((e) => e.json?.input === m).map((e) => e.path)).to.deep.equal(['/v1/responses']);
   });
+  it('a file over batch_file_max_bytes is refused 413 and nothing is kept', async () => {
+    await setSetting(server.pool, 'batch_file_max_bytes', '4096');
+    await server.settings.refresh();
+    try {
+      const before = (await client().files.list()).data.length;
+      let caught: unknown;
+      await upload(`${chatLine('a', 'x'.repeat(8192))}\n`).catch((err: unknown) => (caught = err));
+      expect((caught as { status?: number }).status).to.equal(413);
+      expect((await client().files.list()).data.length).to.equal(before);
+    } finally {
+      await setSetting(server.pool, 'batch_file_max_bytes', '209715200');
+      await server.settings.refresh();
+    }
+  });
 });
