@@ -181,4 +181,19 @@ describe('Anthropic message batches', function () {
       await server.settings.refresh();
     }
   });
+  it('lists batches newest first with after_id and before_id, which the SDK follows page by page', async () => {
+    const p = await provision(server, provider, { namespace: 'paged' });
+    const c = new Anthropic({ baseURL: p.root, apiKey: p.key, maxRetries: 0 });
+    const made: string[] = [];
+    for (let i = 0; i < 3; i++) made.push((await c.messages.batches.create({ requests: [request(`p${i}`, marker())] })).id);
+    const seen: string[] = [];
+    for await (const b of c.messages.batches.list({ limit: 1 })) seen.push(b.id);
+    expect(seen).to.deep.equal([...made].reverse());
+    const page = await c.messages.batches.list({ limit: 1, after_id: made[2] });
+    expect(page.data.map((b) => b.id)).to.deep.equal([made[1]]);
+    expect(page.has_more).to.equal(true);
+    const newer = await c.messages.batches.list({ limit: 1, before_id: made[0] });
+    expect(newer.data.map((b) => b.id)).to.deep.equal([made[1]]);
+    expect(newer).to.include({ first_id: made[1], last_id: made[1] });
+  });
 });

@@ -311,4 +311,23 @@ describe('OpenAI batches', function () {
       await server.settings.refresh();
     }
   });
+  it('lists batches and files with the vendor\'s pagination, which the SDK follows page by page', async () => {
+    const p = await provision(server, provider, { namespace: 'paged' });
+    const made: string[] = [];
+    const files: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const file = await upload(chatLine(`p${i}`, marker()), p);
+      files.push(file.id);
+      made.push((await client(p).batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' })).id);
+    }
+    const first = await client(p).batches.list({ limit: 2 });
+    expect(first.data.map((b) => b.id)).to.deep.equal([made[2], made[1]]);
+    expect(first.has_more).to.equal(true);
+    const seen: string[] = [];
+    for await (const b of client(p).batches.list({ limit: 1 })) seen.push(b.id);
+    expect(seen).to.deep.equal([...made].reverse());
+    const seenFiles: string[] = [];
+    for await (const f of client(p).files.list({ limit: 1, order: 'asc' })) seenFiles.push(f.id);
+    expect(seenFiles.filter((id) => files.includes(id))).to.deep.equal(files);
+  });
 });
