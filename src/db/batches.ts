@@ -200,6 +200,8 @@ export type WaitingLine = {
   dialect: Dialect;
   requests_per_minute: number | null;
   tokens_per_minute: number | null;
+  /** The batch's key was revoked (or removed) since the batch was accepted. */
+  key_revoked: boolean;
 };
 
 /** Up to `n` waiting lines of running batches, oldest batch first, locked for this transaction. */
@@ -208,7 +210,7 @@ export async function pickWaitingLines(c: PoolClient, n: number): Promise<Waitin
     // Each running batch's first waiting lines through the partial index (never a sort of a
     // whole batch), oldest batch first.
     `SELECT l.batch_id, l.line, l.model, l.body, b.tenancy_id, b.namespace_id, b.api_key_id, b.dialect,
-            k.requests_per_minute, k.tokens_per_minute::float8 AS tokens_per_minute
+            k.requests_per_minute, k.tokens_per_minute::float8 AS tokens_per_minute, (k.id IS NULL OR k.revoked_at IS NOT NULL) AS key_revoked
        FROM (SELECT id, tenancy_id, namespace_id, api_key_id, dialect FROM sarsen.batches
               WHERE ended_at IS NULL AND cancelling_at IS NULL AND expires_at > now() AND (paused_until IS NULL OR paused_until <= now())
               ORDER BY id LIMIT 16) b

@@ -38,6 +38,8 @@ const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_COD
 
 /** A waiting line as the request it becomes, or the refusal Sarsen would have answered its body with. */
 async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest | { code: string; status: number; message: string }> {
+  // A line runs with its batch's key: once that key is revoked, its remaining lines are refused as its calls would be.
+  if (l.key_revoked) return refusal('unauthorised', 'The batch\'s API key was revoked before this line ran.');
   const resolution = await resolveModel(deps as Deps, l.namespace_id, l.model);
   if (resolution === null) return refusal('not_found', `No routing rule matches model ${JSON.stringify(l.model)} in this namespace.`);
   if ('declined' in resolution) return refusal('forbidden', `Routing rule ${resolution.declined.rule_id} (${resolution.declined.model}) declines model ${JSON.stringify(l.model)}.`);

@@ -330,4 +330,20 @@ describe('OpenAI batches', function () {
     for await (const f of client(p).files.list({ limit: 1, order: 'asc' })) seenFiles.push(f.id);
     expect(seenFiles.filter((id) => files.includes(id))).to.deep.equal(files);
   });
+  it('a revoked key\'s remaining lines are refused 401 as its calls would be; lines in flight end', async () => {
+    const made = await call(server.url, 'POST', `/${t.tenancy}/v1/namespaces/${t.namespace}/api-keys`, { token: t.adminToken, body: { name: `revoked-${marker()}`, grants: ['use'] } });
+    const doomed = { ...t, key: made.body.key as string };
+    const m = marker();
+    const held = gate();
+    provider.rule((e) => (contentOf(e)?.startsWith(m) ? { kind: 'json', body: chatCompletionBody('in flight'), after: held.until } : undefined));
+    const input = Array.from({ length: 4 }, (_, i) => chatLine(`k${i}`, `${m}-${i}`)).join('\n');
+    const created = await client(doomed).batches.create({ input_file_id: (await upload(input, doomed)).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    await provider.waitUntil(() => provider.journal.filter((e) => contentOf(e)?.startsWith(m)).length === 2);
+    expect((await call(server.url, 'DELETE', `/${t.tenancy}/v1/namespaces/${t.namespace}/api-keys/${made.body.api_key_id}`, { token: t.adminToken })).status).to.be.below(300);
+    held.open();
+    const done = await ended(created.id, 'completed');
+    expect(done.request_counts).to.deep.equal({ total: 4, completed: 2, failed: 2 });
+    const errors = lines(await content(done.error_file_id!));
+    expect(errors.map((e) => [e.response!.status_code, e.error!.code])).to.deep.equal([[401, 'unauthorised'], [401, 'unauthorised']]);
+  });
 });
