@@ -114,6 +114,10 @@ describe('OpenAI batches', function () {
     const consoleLines = await call(server.url, 'GET', `/${t.tenancy}/v1/namespaces/${t.namespace}/batches/${created.id}/lines`, { token: t.adminToken });
     expect(consoleLines.body.data.map((l: { custom_id: string; state: string }) => [l.custom_id, l.state])).to.deep.equal([['a', 'succeeded'], ['b', 'succeeded'], ['c', 'succeeded']]);
     expect((await call(server.url, 'GET', `/${other.tenancy}/v1/namespaces/${other.namespace}/batches/${created.id}/lines`, { token: other.adminToken })).status).to.equal(404);
+    // Accounted like any submission: three accepted, three provider calls, three ledger events of the batch's key.
+    const usage = json(await rawRequest(`${t.base}/usage`, { headers: { 'x-sarsen-key': t.key } }));
+    expect(usage).to.include({ accepted_submissions: 3, provider_calls: 3 });
+    expect(usage.api_keys.find((k: { api_key_id: string }) => k.api_key_id === t.apiKeyId)).to.include({ ledger_events: 3 });
     // The input file counts in storage.
     const storage = json(await rawRequest(`${t.base}/storage`, { headers: { 'x-sarsen-key': t.key } }));
     expect(storage.file_bytes).to.be.at.least(Buffer.byteLength(input));
