@@ -165,10 +165,28 @@ export function anthropicResultLine(l: EndedLine): string {
   if (succeeded(l)) return `{"custom_id":${customId},"result":{"type":"succeeded","message":${answerJson(l.answer)}}}\n`;
   if (l.state === 'failed' && !l.swept && l.answer !== null) {
     const error = answerJson(l.answer);
-    // The provider's refusal verbatim when it is an object; anything else wrapped in the vendor's shape.
-    const verbatim = error.startsWith('{') ? error : anthropicErrorBody('upstream_failed', l.answer_status ?? 502, JSON.parse(error) as string);
-    return `{"custom_id":${customId},"result":{"type":"errored","error":${verbatim}}}\n`;
+    const own = sarsenEnvelope(error);
+    // The provider's refusal verbatim; a failure Sarsen stored itself (its own envelope: the
+    // provider unreachable, a cancel) or a body that is no object, in the vendor's shape.
+    const body = own !== null
+      ? anthropicErrorBody(own.code, l.answer_status ?? 502, own.message)
+      : error.startsWith('{') ? error : anthropicErrorBody('upstream_failed', l.answer_status ?? 502, String(JSON.parse(error)));
+    return `{"custom_id":${customId},"result":{"type":"errored","error":${body}}}\n`;
   }
   const e = ownError(l);
   return `{"custom_id":${customId},"result":{"type":"errored","error":${anthropicErrorBody(e.code, e.status ?? 500, e.message)}}}\n`;
+}
+
+/** Sarsen's own error envelope, `{"error": {"code", "message"}}` and nothing else, or null. */
+function sarsenEnvelope(json: string): { code: string; message: string } | null {
+  if (!json.startsWith('{"error":{"code":')) return null;
+  try {
+    const v = JSON.parse(json) as { error?: { code?: unknown; message?: unknown } };
+    const keys = Object.keys(v);
+    const inner = v.error && typeof v.error === 'object' ? Object.keys(v.error) : [];
+    if (keys.length !== 1 || inner.length !== 2 || typeof v.error!.code !== 'string' || typeof v.error!.message !== 'string') return null;
+    return { code: v.error!.code, message: v.error!.message };
+  } catch {
+    return null;
+  }
 }

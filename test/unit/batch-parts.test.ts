@@ -75,5 +75,11 @@ describe('batch parts', () => {
     expect(openaiResultLine('batch_X', line)).to.equal(`{"id":"batch_req_X_3","custom_id":"q\\"1","response":{"status_code":200,"request_id":"req_1","body":${answer}},"error":null}\n`);
     expect(anthropicResultLine(line)).to.equal(`{"custom_id":"q\\"1","result":{"type":"succeeded","message":${answer}}}\n`);
     expect(anthropicResultLine({ ...line, state: 'canceled', answer: null })).to.equal('{"custom_id":"q\\"1","result":{"type":"canceled"}}\n');
+    // A failure Sarsen stored itself is told in the vendor's shape; a provider's refusal verbatim.
+    const own = Buffer.from('{"error":{"code":"upstream_failed","message":"The provider could not be reached."}}');
+    expect(anthropicResultLine({ ...line, state: 'failed', answer_status: 502, answer: own })).to.equal(
+      '{"custom_id":"q\\"1","result":{"type":"errored","error":{"type":"error","error":{"type":"api_error","message":"The provider could not be reached.","code":"upstream_failed"}}}}\n');
+    const theirs = Buffer.from('{"type":"error","error":{"type":"overloaded_error","message":"busy"}}');
+    expect(anthropicResultLine({ ...line, state: 'failed', answer_status: 529, answer: theirs })).to.equal(`{"custom_id":"q\\"1","result":{"type":"errored","error":${theirs}}}\n`);
   });
 });
