@@ -69,6 +69,8 @@ export function checkOpenAILine(bytes: Buffer, line: number, endpoint: string, m
   if (!isJsonObject(value)) return error('invalid_json_line', `Line ${line} is not a JSON object.`);
   const customId = value.custom_id;
   if (typeof customId !== 'string' || customId.length === 0) return error('missing_required_parameter', `Line ${line} has no \`custom_id\` string.`, 'custom_id');
+  // Stored as text, which cannot hold U+0000.
+  if (customId.includes('\u0000') || customId.length > 512) return error('invalid_custom_id', `Line ${line}: \`custom_id\` must be at most 512 characters, without U+0000.`, 'custom_id');
   if (value.method !== 'POST') return error('invalid_method', `Line ${line}: \`method\` must be "POST".`, 'method');
   if (value.url !== endpoint) return error('mismatched_endpoint', `Line ${line}: \`url\` must be the batch's endpoint, ${endpoint}.`, 'url');
   const body = value.body;

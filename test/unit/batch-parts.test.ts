@@ -59,10 +59,10 @@ describe('batch parts', () => {
     expect(ok).to.deep.equal({ line: 1, customId: 'a', model: 'm', body: '{"model":"m","n":1.0}', refusal: null });
     const big = checkOpenAILine(Buffer.from(`{"custom_id":"b","method":"POST","url":"/v1/chat/completions","body":{"model":"m","x":"${'y'.repeat(200)}"}}`), 2, '/v1/chat/completions', 100);
     expect(!isLineError(big) && big.refusal).to.deep.include({ code: 'body_too_large', status: 413 });
-    const codes = ['{', '[]', '{"method":"POST"}', '{"custom_id":"c","method":"GET","url":"/v1/chat/completions","body":{}}', '{"custom_id":"c","method":"POST","url":"/v1/responses","body":{}}', '{"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":1}']
+    const codes = ['{', '[]', '{"method":"POST"}', '{"custom_id":"c","method":"GET","url":"/v1/chat/completions","body":{}}', '{"custom_id":"c","method":"POST","url":"/v1/responses","body":{}}', '{"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":1}', '{"custom_id":"c\\u0000","method":"POST","url":"/v1/chat/completions","body":{}}']
       .map((l, i) => checkOpenAILine(Buffer.from(l), i + 1, '/v1/chat/completions', 100))
       .map((r) => (isLineError(r) ? r.code : 'ok'));
-    expect(codes).to.deep.equal(['invalid_json_line', 'invalid_json_line', 'missing_required_parameter', 'invalid_method', 'mismatched_endpoint', 'invalid_request']);
+    expect(codes).to.deep.equal(['invalid_json_line', 'invalid_json_line', 'missing_required_parameter', 'invalid_method', 'mismatched_endpoint', 'invalid_request', 'invalid_custom_id']);
     expect([windowMs('24h'), windowMs('90s'), windowMs('25h'), windowMs('1d'), windowMs(24)]).to.deep.equal([86_400_000, 90_000, null, null, null]);
   });
 
