@@ -103,7 +103,7 @@ async function* fileLines(deps: Deps, fileId: string, endpoint: string): AsyncGe
 export function metadataOf(value: unknown): Record<string, string> | null {
   if (value === undefined || value === null) return null;
   const ok = typeof value === 'object' && !Array.isArray(value) && Object.keys(value).length <= 16 &&
-    Object.entries(value).every(([k, v]) => k.length <= 64 && typeof v === 'string' && v.length <= 512);
+    Object.entries(value).every(([k, v]) => k.length <= 64 && typeof v === 'string' && v.length <= 512 && !`${k}${v}`.includes('\u0000'));
   if (!ok) throw new ServiceError('bad_request', '`metadata` must be an object of at most 16 string values.');
   return value as Record<string, string>;
 }

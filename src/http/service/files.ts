@@ -120,7 +120,8 @@ async function upload(deps: Deps, req: Request, res: Response): Promise<void> {
     const purpose = fields.get('purpose');
     if (purpose !== 'batch') throw new ServiceError('bad_request', 'Sarsen keeps files for batches only: `purpose` must be `batch`.');
     if (!sawFile) throw new ServiceError('bad_request', 'The body has no `file` part.');
-    const name = (filename ?? 'upload.jsonl').slice(0, 255);
+    // Stored as text, which cannot hold U+0000.
+    const name = (filename ?? 'upload.jsonl').replaceAll('\u0000', '').slice(0, 255);
     await finishFile(c, id, { purpose, filename: name, bytes });
     return (await findFile(c, auth.namespaceId, id))!;
   });
