@@ -350,4 +350,18 @@ describe('OpenAI batches', function () {
     const errors = lines(await content(done.error_file_id!));
     expect(errors.map((e) => [e.response!.status_code, e.error!.code])).to.deep.equal([[401, 'unauthorised'], [401, 'unauthorised']]);
   });
+  it('a backend\'s 429 with retry-after is honoured: the line is retried after it and succeeds', async () => {
+    const m = marker();
+    let refused = 0;
+    provider.rule((e) => (contentOf(e) === m && refused++ === 0 ? { kind: 'refuse', status: 429, retryAfter: '1', body: { error: { message: 'slow down', type: 'rate_limit_error' } } } : undefined));
+    const created = await client().batches.create({ input_file_id: (await upload(chatLine('busy', m))).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    const done = await ended(created.id, 'completed');
+    expect(done.request_counts).to.deep.equal({ total: 1, completed: 1, failed: 0 });
+    const calls = provider.journal.filter((e) => contentOf(e) === m);
+    expect(calls).to.have.length(2);
+    // One request, retried by Sarsen's own retries (which honour Retry-After: docs/api.md "Outcomes and retries").
+    const [result] = lines(await content(done.output_file_id!));
+    const record = json(await rawRequest(`${t.base}/requests/${result!.response!.request_id}`, { headers: { 'x-sarsen-key': t.key } }));
+    expect(record).to.include({ status: 'succeeded', attempts: 2 });
+  });
 });
