@@ -27,22 +27,19 @@ export type ListingRow = {
   finished_at: Date | null;
   expired: boolean;
   cached_from: string | null;
-  /** The batch the request is a line of (docs/api.md "Batches"); the listing's pages read it, the summary and export do not. */
-  batch_id?: string | null;
+  /** The batch the request is a line of (docs/api.md "Batches"), or null. */
+  batch_id: string | null;
 };
 
 /** The listing row's columns (of `q`, the request, and `k`, its key), as the export reads them too. */
 export const LISTING_COLUMNS = `q.id, q.status, q.model, q.dialect, q.streaming, q.api_key_id, k.prefix AS api_key_prefix, q.backend_id,
             q.prompt_tokens, q.completion_tokens, q.total_tokens, q.cost_micros,
             CASE WHEN q.id < ${RETIRED} THEN 0 ELSE q.request_bytes + q.response_bytes + q.chunk_bytes END AS stored_bytes,
-            q.attempts, q.recoveries, q.created_at, q.started_at, q.finished_at, q.expired OR q.id < ${RETIRED} AS expired, q.cached_from`;
+            q.attempts, q.recoveries, q.created_at, q.started_at, q.finished_at, q.expired OR q.id < ${RETIRED} AS expired, q.cached_from,
+            (SELECT bl.batch_id FROM sarsen.batch_lines bl WHERE bl.request_id = q.id ORDER BY bl.batch_id LIMIT 1) AS batch_id`;
 export const LISTING_FROM = 'sarsen.requests q LEFT JOIN sarsen.api_keys k ON k.id = q.api_key_id';
 
 const LISTING_SELECT = `SELECT ${LISTING_COLUMNS}
-       FROM ${LISTING_FROM}`;
-// The listing's page also names each row's batch, when it is a batch line.
-const LISTING_PAGE_SELECT = `SELECT ${LISTING_COLUMNS},
-            (SELECT bl.batch_id FROM sarsen.batch_lines bl WHERE bl.request_id = q.id ORDER BY bl.batch_id LIMIT 1) AS batch_id
        FROM ${LISTING_FROM}`;
 
 // How far a request's id (the clock of the process that accepted it) and its created_at (the
@@ -76,7 +73,7 @@ export async function listRequests(pool: Pool, namespaceId: string, before: stri
     term((p) => `q.id < ${p}`, firstIdAt('req', filter.created_before.getTime() + CLOCK_SLACK_MS));
   }
   params.push(limit);
-  const { rows } = await pool.query<ListingRow>(`${LISTING_PAGE_SELECT} WHERE ${where.join(' AND ')} ORDER BY q.id DESC LIMIT $${params.length}`, params);
+  const { rows } = await pool.query<ListingRow>(`${LISTING_SELECT} WHERE ${where.join(' AND ')} ORDER BY q.id DESC LIMIT $${params.length}`, params);
   return rows;
 }
 

@@ -308,9 +308,22 @@ describe('malformed input', function () {
       'POST /:tenancy/:namespace/v1/messages': { body: { model: 'claude-test', max_tokens: 5, messages: [{ role: 'user', content: 'hi' }] }, free: ['messages.0.role', 'messages.0.content'] },
       'POST /:tenancy/:namespace/v1/responses': { body: { model: 'gpt-test', input: [{ role: 'user', content: 'hi' }] }, free: ['input.0.role', 'input.0.content'] },
       'POST /:tenancy/:namespace/v1/requests': { body: { model: 'gpt-test', messages: [{ role: 'user', content: 'hi' }] }, free: ['messages.0.role', 'messages.0.content'] },
+      // The vendors' batch routes (a message batch's params are carried to the provider as its lines).
+      'POST /:tenancy/:namespace/v1/batches': { body: { input_file_id: 'file_none', endpoint: '/v1/chat/completions', completion_window: '24h', metadata: { team: 'a' } } },
+      'POST /:tenancy/:namespace/v1/messages/batches': {
+        body: { requests: [{ custom_id: 'one', params: { model: 'claude-test', max_tokens: 5, messages: [{ role: 'user', content: 'hi' }] } }] },
+        free: ['requests.0.params.model', 'requests.0.params.messages.0.role', 'requests.0.params.messages.0.content'],
+      },
     };
-    // POST routes that read no body at all.
-    const bodiless = new Set(['POST /:tenancy/:namespace/v1/requests/:id/cancel', 'POST /:tenancy/v1/namespaces/:ns/requests/:id/cancel']);
+    // POST routes that read no body at all, and POST /files, whose multipart body has its own case.
+    const bodiless = new Set([
+      'POST /:tenancy/:namespace/v1/requests/:id/cancel',
+      'POST /:tenancy/v1/namespaces/:ns/requests/:id/cancel',
+      'POST /:tenancy/:namespace/v1/responses/:id/cancel',
+      'POST /:tenancy/:namespace/v1/batches/:id/cancel',
+      'POST /:tenancy/:namespace/v1/messages/batches/:id/cancel',
+      'POST /:tenancy/:namespace/v1/files',
+    ]);
 
     /** Every string in `value` (values and keys), by dotted path, with a copy holding U+0000 there. */
     function* withNul(value: unknown, path: string[] = []): Generator<[string, unknown]> {
@@ -343,6 +356,24 @@ describe('malformed input', function () {
         }
       }
       expect(cases).to.be.greaterThan(25);
+    });
+
+    it('in the fields of a file upload (multipart): a NUL purpose is 400, a NUL in the file name is dropped from the stored name', async () => {
+      const upload = (purpose: string, filename: string) => {
+        const boundary = 'nul-test-boundary';
+        const body = Buffer.from(
+          `--${boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n${purpose}\r\n` +
+            `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${filename}"\r\nContent-Type: application/jsonl\r\n\r\n` +
+            `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-test","messages":[]}}\n\r\n--${boundary}--\r\n`,
+        );
+        return rawRequest(`${t.base}/files`, { method: 'POST', headers: headers({ 'content-type': `multipart/form-data; boundary=${boundary}` }), body });
+      };
+      const refused = await upload('batch\u0000', 'lines.jsonl');
+      expect(refused.status, refused.body.toString()).to.equal(400);
+      expect(code(refused)).to.equal('bad_request');
+      const kept = await upload('batch', 'li\u0000nes.jsonl');
+      expect(kept.status, kept.body.toString()).to.equal(200);
+      expect(json(kept).filename).to.equal('lines.jsonl');
     });
 
     it('a sign-in with U+0000 in the email answers exactly as every other rejected sign-in', async () => {
