@@ -9,7 +9,7 @@ import { ServiceError } from '../../core/errors.ts';
 import { parseCanonical, isJsonObject, type JsonObject } from '../../core/canonical-json.ts';
 import { idTime } from '../../core/ids.ts';
 import {
-  responseObject, responseError, terminalResponse, errorEvent, vendorErrorBody, inputItems, frameSequence, ownResponseId, type ResponseStatus,
+  responseObject, responseError, terminalResponse, errorEvent, inputItems, frameSequence, ownResponseId, type ResponseStatus,
 } from '../../core/background.ts';
 import { readResponse, unpackFrames, type ResponseRow } from '../../db/background.ts';
 import { sweepRecord } from '../../db/retention.ts';
@@ -18,9 +18,9 @@ import { isTerminal, requestTraceParent } from '../../db/requests.ts';
 import { watch } from './watch.ts';
 import { callerLeft, send } from './streams.ts';
 import { serviceAuthOf } from '../service-auth.ts';
-import { observedOf } from '../observe.ts';
 import type { AcceptedSubmission } from './submit.ts';
 import { trackStream } from '../../metrics/metrics.ts';
+import { vendorRoute } from './vendor-routes.ts';
 import { tracer } from '../../telemetry/tracing.ts';
 import { traceReplay } from '../../telemetry/spans.ts';
 
@@ -237,23 +237,10 @@ async function listInputItems(deps: Deps, req: Request, res: Response): Promise<
   }));
 }
 
-/** Answers a ServiceError of these routes in the vendor's error shape (docs/api.md "Errors"). */
-function vendorErrors(handler: (deps: Deps, req: Request, res: Response) => Promise<void>, deps: Deps): RequestHandler {
-  return async (req, res, next) => {
-    try {
-      await handler(deps, req, res);
-    } catch (err) {
-      if (!(err instanceof ServiceError) || res.headersSent) return next(err);
-      observedOf(res).errorCode = err.code;
-      res.status(err.status).set('content-type', 'application/json').send(vendorErrorBody(err.code, err.status, err.message));
-    }
-  };
-}
-
 /** The routes beside POST /responses (docs/api.md "Background responses"). */
 export function backgroundRoutes(deps: Deps, router: Router, base: string, use: RequestHandler): void {
-  router.get(`${base}/responses/:id`, use, vendorErrors(retrieve, deps));
-  router.post(`${base}/responses/:id/cancel`, use, vendorErrors(cancel, deps));
-  router.delete(`${base}/responses/:id`, use, vendorErrors(remove, deps));
-  router.get(`${base}/responses/:id/input_items`, use, vendorErrors(listInputItems, deps));
+  router.get(`${base}/responses/:id`, use, vendorRoute(deps, retrieve));
+  router.post(`${base}/responses/:id/cancel`, use, vendorRoute(deps, cancel));
+  router.delete(`${base}/responses/:id`, use, vendorRoute(deps, remove));
+  router.get(`${base}/responses/:id/input_items`, use, vendorRoute(deps, listInputItems));
 }

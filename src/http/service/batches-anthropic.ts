@@ -13,7 +13,7 @@ import { newId } from '../../core/ids.ts';
 import { readBody, decodeUtf8, MAX_SUBMISSION_BYTES } from '../body.ts';
 import { listBatches, cancelBatch, deleteBatch, resultPage, type BatchView } from '../../db/batches.ts';
 import { serviceAuthOf } from '../service-auth.ts';
-import { vendorRoute, sendJson, limitParam, idParam } from './files.ts';
+import { vendorRoute, sendJson, limitParam, idParam } from './vendor-routes.ts';
 import { acceptBatch, foundBatch } from './batches.ts';
 import { send } from './streams.ts';
 

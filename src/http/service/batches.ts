@@ -18,7 +18,7 @@ import {
 } from '../../db/batches.ts';
 import { readJsonDocument, MAX_SUBMISSION_BYTES } from '../body.ts';
 import { serviceAuthOf } from '../service-auth.ts';
-import { vendorRoute, sendJson, limitParam, idParam } from './files.ts';
+import { vendorRoute, sendJson, limitParam, idParam } from './vendor-routes.ts';
 
 const RUN = 500;
 // The vendor names at most this many lines in `errors`.

@@ -6,7 +6,6 @@
 import type { Request, Response, Router, RequestHandler } from 'express';
 import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
-import { vendorErrorBody } from '../../core/background.ts';
 import { createMultipartReader, multipartBoundary, MultipartError } from '../../core/batch-multipart.ts';
 import { openaiResultLine, succeeded, type EndedLine } from '../../core/batch-shapes.ts';
 import { newId } from '../../core/ids.ts';
@@ -14,34 +13,12 @@ import { withTransaction } from '../../db/pool.ts';
 import { startFile, addFilePiece, finishFile, readFilePiece, findFile, listFiles, deleteFile, type FileRow } from '../../db/files.ts';
 import { resultPage } from '../../db/batches.ts';
 import { serviceAuthOf } from '../service-auth.ts';
-import { observedOf } from '../observe.ts';
 import { send } from './streams.ts';
+import { vendorRoute, sendJson, limitParam, idParam } from './vendor-routes.ts';
 
 const PIECE_BYTES = 1024 * 1024;
 const RESULT_PAGE = 500;
 const MAX_FIELD_BYTES = 256;
-
-export type VendorErrorBody = (code: string, status: number, message: string) => string;
-
-/** A route whose ServiceErrors answer in a vendor's error shape (docs/api.md "Errors"). */
-export function vendorRoute(deps: Deps, handler: (deps: Deps, req: Request, res: Response) => Promise<void>, body: VendorErrorBody = vendorErrorBody): RequestHandler {
-  return async (req, res, next) => {
-    try {
-      await handler(deps, req, res);
-    } catch (err) {
-      if (!(err instanceof ServiceError) || res.headersSent) return next(err);
-      observedOf(res).errorCode = err.code;
-      if (err.retryAfterSeconds !== undefined) res.set('retry-after', String(err.retryAfterSeconds));
-      // A refused upload is answered before its body was read: the connection cannot be reused.
-      if (!req.complete) res.set('connection', 'close');
-      res.status(err.status).set('content-type', 'application/json').send(body(err.code, err.status, err.message));
-    }
-  };
-}
-
-export const sendJson = (res: Response, value: unknown): void => {
-  res.status(200).set('content-type', 'application/json').send(JSON.stringify(value));
-};
 
 /** A file id of the vendor's form: `file-` and a ULID. */
 export const newFileId = (): string => `file-${newId('file').slice('file_'.length)}`;
@@ -136,22 +113,6 @@ async function found(deps: Deps, res: Response, id: string): Promise<FileRow> {
 
 async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> {
   sendJson(res, fileObject(await found(deps, res, String(req.params.id))));
-}
-
-/** A limit query parameter from 1 to `max`. */
-export function limitParam(req: Request, fallback: number, max: number): number {
-  const v = req.query.limit;
-  if (v === undefined) return fallback;
-  const n = typeof v === 'string' && /^\d{1,7}$/.test(v) ? Number(v) : NaN;
-  if (!(n >= 1 && n <= max)) throw new ServiceError('bad_request', `\`limit\` must be an integer from 1 to ${max}.`);
-  return n;
-}
-
-export function idParam(req: Request, name: string): string | null {
-  const v = req.query[name];
-  if (v === undefined) return null;
-  if (typeof v !== 'string' || v.length > 200) throw new ServiceError('bad_request', `\`${name}\` must be an id.`);
-  return v;
 }
 
 async function list(deps: Deps, req: Request, res: Response): Promise<void> {
