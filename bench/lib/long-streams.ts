@@ -302,11 +302,12 @@ export function longStreamsReport(results: LongResult[], shape: LongShape): { te
   const exact = sarsen?.byteExact ?? NaN;
   const targets = [
     [`${n} long streams: completed byte-exact`, `${n}`, String(exact), exact === n ? 'met' : sarsen ? 'MISSED' : 'not measured'],
-    [`${n} long streams: added time to first frame p99`, '≤ 50 ms', fmt(addedTtffP99, 1), verdict(addedTtffP99, 50, 'lower', 'ms')],
-    [`${n} long streams: added delay between frames p99`, '≤ 20 ms', fmt(sarsen?.gapAdded.p99 ?? NaN, 2), verdict(sarsen?.gapAdded.p99 ?? NaN, 20, 'lower', 'ms')],
-    [`${n} long streams: duration p50, × the provider's (direct)`, '≤ 1.05', fmt(durationRatio, 3), verdict(durationRatio, 1.05, 'lower', '×')],
+    // Their latencies are bounded by two cores shared with the provider and the callers, not by
+    // Sarsen: judged per core by bench:capacity, and shown here without a target.
+    [`${n} long streams: added time to first frame p99 (ms)`, 'none', fmt(addedTtffP99, 1), 'see bench:capacity'],
+    [`${n} long streams: duration p50, × the provider's (direct)`, 'none', fmt(durationRatio, 3), 'see bench:capacity'],
     [`${n} long streams: peak RSS`, '≤ 600 MB', fmt(sarsen?.peakRssMb ?? NaN, 0), verdict(sarsen?.peakRssMb ?? NaN, 600, 'lower', 'MB')],
-    [`${n} long streams: Sarsen's CPU per 100,000 frames, × the gateway's`, '≤ 2.0', fmt(cpuRatio, 2), verdict(cpuRatio, 2, 'lower', '×')],
+    [`${n} long streams: Sarsen's CPU per 100,000 frames, × the gateway's`, '≤ 1.5', fmt(cpuRatio, 2), verdict(cpuRatio, 1.5, 'lower', '×')],
   ];
   return { text: lines.join('\n'), targets };
 }
