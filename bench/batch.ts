@@ -21,6 +21,7 @@ import { provisionChat } from './lib/provision.ts';
 import { memoryMb, sampleRss } from './lib/stream-sarsen.ts';
 import { summarise, fmt, table, verdict, type Summary } from './lib/stats.ts';
 import { benchArgs } from './lib/args.ts';
+import { benchDatabase } from './lib/database.ts';
 
 const TARGETS = { acceptRssOverIdleMb: 64, syncP99Ratio: 1.5 };
 
@@ -31,6 +32,7 @@ const args = benchArgs({
   'in-flight': { type: 'string', default: '32' },
   // How long the batch may run before the bench reports what it did.
   'max-run-seconds': { type: 'string', default: '600' },
+  'allow-non-durable': { type: 'boolean', default: false },
 });
 const LINES = Number(args.lines);
 const SYNC_C = Number(args['sync-concurrency']);
@@ -38,6 +40,9 @@ const SYNC_MS = Number(args['sync-seconds']) * 1000;
 const IN_FLIGHT = Number(args['in-flight']);
 const MAX_RUN_MS = Number(args['max-run-seconds']) * 1000;
 
+// A durable database, as every benchmark's (the test harness's embedded one has fsync off).
+const database = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
+console.log(`database: ${database.describe}`);
 console.log(`batch bench: ${LINES} lines; batch_lines_in_flight ${IN_FLIGHT}; synchronous callers ${SYNC_C} for ${SYNC_MS / 1000} s alone and while the batch runs; ${os.cpus().length} CPUs (shared)`);
 
 const provider = await startFakeProvider();
