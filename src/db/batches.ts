@@ -4,35 +4,17 @@
 // requests' stored answers, never a copy of them.
 import type { Pool, PoolClient } from './pool.ts';
 import type { Dialect } from './requests.ts';
+import type { BatchState, Counts, LineState } from '../core/batch-shapes.ts';
 
 type Db = Pick<Pool, 'query'>;
 
 export type Vendor = 'openai' | 'anthropic';
 
-export type BatchRow = {
-  id: string;
-  vendor: Vendor;
-  namespace_id: string;
-  api_key_id: string;
-  dialect: Dialect;
-  endpoint: string;
-  input_file_id: string | null;
-  completion_window: string;
-  metadata: Record<string, string> | null;
-  errors: { code: string; message: string; line: number | null; param: string | null }[] | null;
-  total: number;
-  created_at: Date;
-  expires_at: Date;
-  cancelling_at: Date | null;
-  expired_at: Date | null;
-  finalizing_at: Date | null;
-  ended_at: Date | null;
-  output_file_id: string | null;
-  error_file_id: string | null;
-};
+/** A batch as stored: what its vendor shape is made of (src/core/batch-shapes.ts), and whose it is. */
+export type BatchRow = Omit<BatchState, 'counts'> & { vendor: Vendor; namespace_id: string; api_key_id: string; dialect: Dialect };
 
-export type LineState = 'waiting' | 'running' | 'succeeded' | 'failed' | 'refused' | 'canceled' | 'expired';
-export type LineCounts = Record<LineState, number>;
+export type { LineState };
+export type LineCounts = Counts;
 export type BatchView = BatchRow & { counts: LineCounts };
 
 export type NewBatch = {
