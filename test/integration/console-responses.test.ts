@@ -7,7 +7,7 @@ import { startFakeProvider, responsesFrames, type FakeProvider } from '../suppor
 import { provision, type Tenant } from '../support/tenant.ts';
 import { addUser, type Account } from '../support/control-plane.ts';
 import { rawRequest, json, until } from '../support/http.ts';
-import { launchBrowser, screenshot, type TestBrowser } from '../support/browser.ts';
+import { launchBrowser, screenshot, type TestBrowser, signIn } from '../support/browser.ts';
 
 describe('web console: the responses dialect (headless Chromium)', function () {
   this.timeout(120_000);
@@ -24,13 +24,7 @@ describe('web console: the responses dialect (headless Chromium)', function () {
     const tenancyId = (await server.pool.query(`SELECT id FROM sarsen.tenancies WHERE slug = $1`, [t.tenancy])).rows[0].id as string;
     viewer = await addUser(server.pool, { tenancy: t.tenancy, tenancy_id: tenancyId } as Account, `viewer@${t.tenancy}.test`, 'viewer');
     browser = await launchBrowser();
-    const page = browser.page;
-    await page.goto(`${server.url}/console/`);
-    await page.getByLabel('Tenancy').fill(viewer.tenancy);
-    await page.getByLabel('Email').fill(viewer.email);
-    await page.getByLabel('Password').fill(viewer.password);
-    await page.getByRole('button', { name: 'Sign in' }).click();
-    await page.getByRole('heading', { level: 1, name: 'Namespaces' }).waitFor();
+    await signIn(browser.page, server.url, viewer);
   });
   after(async () => {
     await browser?.close();

@@ -110,3 +110,13 @@ export async function screenshot(page: Page, name: string): Promise<void> {
   fs.mkdirSync(OUTPUT_DIR, { recursive: true });
   await page.screenshot({ path: path.join(OUTPUT_DIR, `${name}.png`), fullPage: true });
 }
+
+/** Signs `account` in through the console's own form at `url` and waits for its first page. */
+export async function signIn(page: Page, url: string, account: { tenancy: string; email: string; password: string }): Promise<void> {
+  await page.goto(`${url}/console/`);
+  await page.getByLabel('Tenancy').fill(account.tenancy);
+  await page.getByLabel('Email').fill(account.email);
+  await page.getByLabel('Password').fill(account.password);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByRole('heading', { level: 1, name: 'Namespaces' }).waitFor();
+}
