@@ -32,7 +32,7 @@ import { createPool } from '../src/db/pool.ts';
 import { configureLogging } from '../src/log.ts';
 import { benchDatabase } from './lib/database.ts';
 import { startGateway, type Gateway } from './lib/gateway.ts';
-import { startBenchSarsen, SARSEN_RUNTIME_ENV, type BenchSarsen } from './lib/sarsen-child.ts';
+import { startBenchSarsen, type BenchSarsen, childEnv } from './lib/sarsen-child.ts';
 import { provisionChat } from './lib/provision.ts';
 import { runWrk, wrkVersion, describeFailures, type WrkResult } from './lib/wrk.ts';
 import { serverCpuMs } from './lib/cpu.ts';
@@ -87,16 +87,7 @@ for (const p of PARTS) if (!PART_NAMES.includes(p)) throw new Error(`unknown par
 if (![SECONDS, WARMUP, FRAMES, FRAME_MS, ...LEVELS, ...LADDER].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1 || FRAMES < 2 || !(ARRIVAL_MS > 0) || !(WITHIN >= 1) || LADDER.some((n) => n < 1)) {
   throw new Error('usage: --seconds N (≥ 1) --warmup N --concurrency 16,64 --streams 100,200,... --frames N (≥ 2) --frame-ms N --arrival-s S --within X (≥ 1)');
 }
-const CHILD_ENV: Record<string, string> = {
-  ...SARSEN_RUNTIME_ENV,
-  ...Object.fromEntries(
-    args['child-env'].map((kv) => {
-      const at = kv.indexOf('=');
-      if (at < 1) throw new Error(`--child-env takes NAME=VALUE, not ${kv}`);
-      return [kv.slice(0, at), kv.slice(at + 1)];
-    }),
-  ),
-};
+const CHILD_ENV: Record<string, string> = childEnv(args['child-env']);
 
 const out = (line = '') => process.stdout.write(line + '\n');
 const progress = (line: string) => process.stderr.write(`[bench:capacity] ${line}\n`);

@@ -42,7 +42,7 @@ import { spawnNode, type SarsenChild } from '../test/support/child.ts';
 import { createPool } from '../src/db/pool.ts';
 import { benchDatabase } from './lib/database.ts';
 import { startGateway, type Gateway } from './lib/gateway.ts';
-import { startBenchSarsen, SARSEN_RUNTIME_ENV, type BenchSarsen } from './lib/sarsen-child.ts';
+import { startBenchSarsen, type BenchSarsen, childEnv } from './lib/sarsen-child.ts';
 import { provisionChat } from './lib/provision.ts';
 import { runWrk, wrkVersion, describeFailures, type WrkResult } from './lib/wrk.ts';
 import { machineCpuMs, postmasterPid, serverCpuMs } from './lib/cpu.ts';
@@ -97,16 +97,7 @@ for (const p of PHASES) if (!PHASE_NAMES.includes(p)) throw new Error(`unknown p
 if (![SECONDS, WARMUP, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, LONG.streams, LONG.frames, LONG.frameMs, ...LEVELS].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1 || LONG.frames < 2 || !(LONG.arrivalMs > 0) || !(SARSEN_PROCESSES >= 1)) {
   throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --concurrent-streams N --many N --stream-seconds N --streams N --frames N (≥ 2) --frame-ms N --arrival-s S --sarsen-processes N');
 }
-const CHILD_ENV: Record<string, string> = {
-  ...SARSEN_RUNTIME_ENV,
-  ...Object.fromEntries(
-    args['child-env'].map((kv) => {
-      const at = kv.indexOf('=');
-      if (at < 1) throw new Error(`--child-env takes NAME=VALUE, not ${kv}`);
-      return [kv.slice(0, at), kv.slice(at + 1)];
-    }),
-  ),
-};
+const CHILD_ENV: Record<string, string> = childEnv(args['child-env']);
 // Traced runs keep their files for a closer look.
 const TRACE_PREFIX = args.trace ? path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-trace-')), 'trace') : null;
 if (TRACE_PREFIX) CHILD_ENV.SARSEN_TRACE = TRACE_PREFIX;

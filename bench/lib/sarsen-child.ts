@@ -104,3 +104,14 @@ export async function startBenchSarsen(opts: BenchSarsenOptions = {}): Promise<B
     throw err;
   }
 }
+
+/** The Sarsen children's environment: the runtime settings, then each --child-env NAME=VALUE given. */
+export function childEnv(given: readonly string[]): Record<string, string> {
+  const env: Record<string, string> = { ...SARSEN_RUNTIME_ENV };
+  for (const kv of given) {
+    const at = kv.indexOf('=');
+    if (at < 1) throw new Error(`--child-env takes NAME=VALUE, not ${kv}`);
+    env[kv.slice(0, at)] = kv.slice(at + 1);
+  }
+  return env;
+}
