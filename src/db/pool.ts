@@ -247,11 +247,15 @@ export function gateConnections(pool: Pool): { holdUntil(done: Promise<unknown>)
   };
 }
 
-/** Runs `fn` in a transaction on one pooled client; rolls back on any throw. */
-export async function withTransaction<T>(pool: Pool, fn: (client: PoolClient) => Promise<T>): Promise<T> {
+/**
+ * Runs `fn` in a transaction on one pooled client; rolls back on any throw. `indexed`: its
+ * statements may not scan a table whole (the sweeps' lookups, which run every few seconds and
+ * must cost what the live work costs, not what the table holds, even before its first ANALYZE).
+ */
+export async function withTransaction<T>(pool: Pool, fn: (client: PoolClient) => Promise<T>, opts: { indexed?: boolean } = {}): Promise<T> {
   const client = await pool.connect();
   try {
-    await client.query('BEGIN');
+    await client.query(opts.indexed ? 'BEGIN; SET LOCAL enable_seqscan = off' : 'BEGIN');
     const result = await fn(client);
     await client.query('COMMIT');
     return result;

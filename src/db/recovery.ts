@@ -76,17 +76,39 @@ async function requeue(c: PoolClient, victims: readonly Victim[], origin: string
 }
 
 /**
+ * The sweep's lookups, run in an `indexed` transaction every `sweep_interval_ms`: each reaches
+ * the requests through the lease index or by key, so it costs what the live work costs however
+ * many requests the table holds (test/integration/watch-plan.test.ts).
+ */
+export const SWEEP_LOOKUP_SQL = {
+  /** Whose leases are out ($1: this process). */
+  owners: `SELECT DISTINCT lease_owner AS owner FROM sarsen.requests
+        WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_owner IS NOT NULL AND lease_owner <> $1`,
+  /** The attempts of dead owners ($1) and the expired leases, oldest first, at most $2. */
+  victims: `SELECT id, attempts AS attempt, CASE WHEN lease_owner = ANY($1::text[]) THEN 'worker_died' ELSE 'lease_lost' END AS ending
+         FROM sarsen.requests
+        WHERE status = 'running' AND lease_expires_at IS NOT NULL AND (lease_expires_at < now() OR lease_owner = ANY($1::text[]))
+        ORDER BY lease_expires_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED`,
+  /** Requests not running whose job has been locked longer than $1 ms, at most $2: from the jobs (live work only), each request by key. */
+  stranded: `WITH held AS MATERIALIZED (
+          SELECT key FROM graphile_worker._private_jobs WHERE key IS NOT NULL AND locked_at < now() - make_interval(secs => $1::double precision / 1000)
+        )
+        SELECT q.id, q.status FROM held h JOIN sarsen.requests q ON q.id = h.key
+         WHERE q.status <> 'running'
+         LIMIT $2
+         FOR UPDATE OF q SKIP LOCKED`,
+} as const;
+
+/**
  * Re-dispatches running requests whose lease expired or whose owner is dead (see REQUEUE).
  * Rows another sweeper holds, or a chunk writer is storing frames for, are skipped this round,
  * so any number of executors may sweep at once.
  */
 export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100, settling = false): Promise<Recovered[]> {
   return withTransaction(pool, async (c) => {
-    const owners = await c.query<{ owner: string }>(
-      `SELECT DISTINCT lease_owner AS owner FROM sarsen.requests
-        WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_owner IS NOT NULL AND lease_owner <> $1`,
-      [self],
-    );
+    const owners = await c.query<{ owner: string }>(SWEEP_LOOKUP_SQL.owners, [self]);
     // A transaction-level try-lock: taken only if the owner's session lock is gone, and
     // released with this transaction. Right after the server (re)started or failed over
     // (`settling`) every lock is gone, the live owners' too, until their buses reconnect: then
@@ -98,17 +120,9 @@ export async function recoverDeadAttempts(pool: Pool, self: string, limit = 100,
       [owners.rows.map((r) => r.owner), RESTART_GRACE_MS, settling],
     );
     // A dead owner's attempt ended with its worker; a live owner's whose lease ran out lost it.
-    const victims = await c.query<Victim>(
-      `SELECT id, attempts AS attempt, CASE WHEN lease_owner = ANY($1::text[]) THEN 'worker_died' ELSE 'lease_lost' END AS ending
-         FROM sarsen.requests
-        WHERE status = 'running' AND lease_expires_at IS NOT NULL AND (lease_expires_at < now() OR lease_owner = ANY($1::text[]))
-        ORDER BY lease_expires_at
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED`,
-      [dead.rows.map((r) => r.owner), limit],
-    );
+    const victims = await c.query<Victim>(SWEEP_LOOKUP_SQL.victims, [dead.rows.map((r) => r.owner), limit]);
     return requeue(c, victims.rows, self);
-  });
+  }, { indexed: true });
 }
 
 /**
@@ -150,17 +164,11 @@ export async function handBack(pool: Pool, id: string, attempt: number, origin: 
  */
 export async function redispatchStranded(pool: Pool, lockedForMs: number, limit = 100): Promise<string[]> {
   return withTransaction(pool, async (c) => {
-    const { rows } = await c.query<{ id: string; status: RequestStatus }>(
-      `SELECT q.id, q.status FROM sarsen.requests q JOIN graphile_worker.jobs j ON j.key = q.id
-        WHERE q.status <> 'running' AND j.locked_at < now() - make_interval(secs => $1::double precision / 1000)
-        LIMIT $2
-        FOR UPDATE OF q SKIP LOCKED`,
-      [lockedForMs, limit],
-    );
+    const { rows } = await c.query<{ id: string; status: RequestStatus }>(SWEEP_LOOKUP_SQL.stranded, [lockedForMs, limit]);
     if (rows.length === 0) return [];
     await c.query(retireJobsSql('$1::text[]'), [rows.map((r) => r.id)]);
     const pending = rows.filter((r) => r.status === 'pending').map((r) => r.id);
     if (pending.length > 0) await c.query(`SELECT ${enqueueSql('id')} FROM unnest($1::text[]) AS id`, [pending]);
     return pending;
-  });
+  }, { indexed: true });
 }
