@@ -30,9 +30,18 @@ const SERVED =
   'There is no model-listing, token-counting or embeddings route.';
 const ADMIN_PATH = /^\/[^/]+\/v1(\/|$)/;
 
+/** An error body in some API's shape: Sarsen's envelope, or a vendor's (docs/api.md "Errors"). */
+export type ErrorShape = (code: ErrorCode, status: number, message: string) => string;
+
+/** Makes every error `res` answers from here on, whatever raised it, take `shape` (the vendors' routes). */
+export function answerErrorsAs(res: Response, shape: ErrorShape): void {
+  (res.locals as { errorShape?: ErrorShape }).errorShape = shape;
+}
+
 export function sendError(res: Response, code: ErrorCode, status: number, message: string): void {
   observedOf(res).errorCode = code;
-  res.status(status).set('content-type', 'application/json').send(errorBody(code, message));
+  const shape = (res.locals as { errorShape?: ErrorShape }).errorShape;
+  res.status(status).set('content-type', 'application/json').send(shape ? shape(code, status, message) : errorBody(code, message));
 }
 
 /** Bearer token check for /metrics: constant time, and only when a token is configured. */

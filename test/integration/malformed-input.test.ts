@@ -285,6 +285,23 @@ describe('malformed input', function () {
       }
     });
 
+    it('on the vendors\' own routes, in the ids their listings page by: 400 in the vendor\'s error shape, whatever refused it', async () => {
+      // The listings hand `after` (and the message batches' `after_id`, `before_id`, the files'
+      // `purpose`) to PostgreSQL, which refuses the NUL itself: the vendor's shape all the same.
+      const cases: [string, (body: any) => void][] = [];
+      const openai = (body: any) => expect(body.error).to.have.keys(['message', 'type', 'param', 'code']);
+      const anthropic = (body: any) => expect(body).to.include({ type: 'error' }).and.to.have.nested.property('error.type', 'invalid_request_error');
+      for (const q of ['after=%00', 'purpose=%00']) cases.push([`files?${q}`, openai]);
+      cases.push(['batches?after=%00', openai]);
+      for (const q of ['after_id=%00', 'before_id=%00']) cases.push([`messages/batches?${q}`, anthropic]);
+      for (const [path, shape] of cases) {
+        const res = await rawRequest(`${server.url}/${t.tenancy}/${t.namespace}/v1/${path}`, { method: 'GET', headers: headers() });
+        expect(res.status, `${path}: ${res.body}`).to.equal(400);
+        expect(res.headers['content-type'], path).to.match(/^application\/json/);
+        shape(json(res));
+      }
+    });
+
     // A valid body for every route that takes one, and how a NUL in each of its strings is
     // answered (400 unless said otherwise). `free` strings are content the body carries to the
     // provider, where U+0000 is allowed. A body route missing here fails the test.

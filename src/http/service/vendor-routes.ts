@@ -5,22 +5,24 @@ import type { Request, Response, RequestHandler } from 'express';
 import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { vendorErrorBody } from '../../core/background.ts';
-import { observedOf } from '../observe.ts';
+import { answerErrorsAs, sendError, type ErrorShape } from '../app.ts';
 
-export type VendorErrorBody = (code: string, status: number, message: string) => string;
-
-/** A route whose ServiceErrors answer in a vendor's error shape (docs/api.md "Errors"). */
-export function vendorRoute(deps: Deps, handler: (deps: Deps, req: Request, res: Response) => Promise<void>, body: VendorErrorBody = vendorErrorBody): RequestHandler {
+/**
+ * A route whose errors answer in a vendor's error shape (docs/api.md "Errors"), so its SDK
+ * raises its own classes: those the handler raises, and those the application's error handler
+ * translates (an outage's 503, text PostgreSQL cannot store, an internal fault).
+ */
+export function vendorRoute(deps: Deps, handler: (deps: Deps, req: Request, res: Response) => Promise<void>, shape: ErrorShape = vendorErrorBody): RequestHandler {
   return async (req, res, next) => {
+    answerErrorsAs(res, shape);
     try {
       await handler(deps, req, res);
     } catch (err) {
       if (!(err instanceof ServiceError) || res.headersSent) return next(err);
-      observedOf(res).errorCode = err.code;
       if (err.retryAfterSeconds !== undefined) res.set('retry-after', String(err.retryAfterSeconds));
       // A refused upload is answered before its body was read: the connection cannot be reused.
       if (!req.complete) res.set('connection', 'close');
-      res.status(err.status).set('content-type', 'application/json').send(body(err.code, err.status, err.message));
+      sendError(res, err.code, err.status, err.message);
     }
   };
 }
