@@ -4,8 +4,8 @@
 //
 // A new request's job is inserted, and its backstop deleted, in graphile-worker's private table
 // directly: both are on the hot path, where add_jobs would cost more than the request's own rows.
-// The rest uses graphile-worker's public functions, but for retireJobsSql and ENSURE_TASK_SQL, which
-// none of them does. test/integration/graphile-worker-conformance.test.ts holds the direct writes
+// The rest uses graphile-worker's public functions, but for retireJobsSql, staleLockedJobKeysSql and
+// ENSURE_TASK_SQL, which none of them does. test/integration/graphile-worker-conformance.test.ts holds the direct writes
 // to graphile-worker's own, and fails when its schema moves past GRAPHILE_WORKER_MIGRATIONS.
 
 import type { Pool } from './pool.ts';
@@ -65,6 +65,14 @@ export function removeBackstopJobsSql(ids: string): string {
  */
 export function retireJobsSql(ids: string): string {
   return `DELETE FROM graphile_worker._private_jobs WHERE key = ANY(${ids})`;
+}
+
+/**
+ * SQL (a query) yielding the `key` of every job locked longer than `lockedForMs` (a double
+ * precision SQL expression of milliseconds): the jobs of live work only, whatever the requests hold.
+ */
+export function staleLockedJobKeysSql(lockedForMs: string): string {
+  return `SELECT key FROM graphile_worker._private_jobs WHERE key IS NOT NULL AND locked_at < now() - make_interval(secs => ${lockedForMs} / 1000)`;
 }
 
 /**

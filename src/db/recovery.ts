@@ -3,7 +3,7 @@ import type { Pool, PoolClient } from './pool.ts';
 import type { RequestStatus } from './requests.ts';
 import { withTransaction } from './pool.ts';
 import { addToRollup, shard } from './counters.ts';
-import { enqueueSql, retireJobsSql, RECOVERY_PRIORITY } from './jobs.ts';
+import { enqueueSql, retireJobsSql, staleLockedJobKeysSql, RECOVERY_PRIORITY } from './jobs.ts';
 import { notifyEvents } from './events.ts';
 import { appendAttempt, type Ending } from './attempt-log.ts';
 import { batchInput, withParts } from './columns.ts';
@@ -92,9 +92,7 @@ export const SWEEP_LOOKUP_SQL = {
         LIMIT $2
         FOR UPDATE SKIP LOCKED`,
   /** Requests not running whose job has been locked longer than $1 ms, at most $2: from the jobs (live work only), each request by key. */
-  stranded: `WITH held AS MATERIALIZED (
-          SELECT key FROM graphile_worker._private_jobs WHERE key IS NOT NULL AND locked_at < now() - make_interval(secs => $1::double precision / 1000)
-        )
+  stranded: `WITH held AS MATERIALIZED (${staleLockedJobKeysSql('$1::double precision')})
         SELECT q.id, q.status FROM held h JOIN sarsen.requests q ON q.id = h.key
          WHERE q.status <> 'running'
          LIMIT $2
