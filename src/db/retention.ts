@@ -148,15 +148,15 @@ export async function sweepListingRows(pool: Db, days: number, limit: number): P
 
 /**
  * Ledger rows (and the hourly usage built from them) past the ledger horizon. Rows are deleted
- * only below `before` (the end of the partition the migration attached; null: none is left):
- * the monthly partitions go whole (src/db/partitions.ts).
+ * only in `legacy`, the partition the migration attached (its name as listPartitions gives it;
+ * null: none is left), through its own index by creation time (migration 026): the monthly
+ * partitions go whole (src/db/partitions.ts).
  */
-export async function sweepLedger(pool: Db, days: number, limit: number, before: Date | null): Promise<number> {
-  const ledger = before === null ? { rowCount: 0 } : await pool.query(
-    `DELETE FROM sarsen.ledger WHERE (id, created_at) IN (
-       SELECT id, created_at FROM sarsen.ledger WHERE created_at < now() - make_interval(days => $1::int) AND created_at < $3
-        ORDER BY created_at LIMIT $2)`,
-    [days, limit, before],
+export async function sweepLedger(pool: Db, days: number, limit: number, legacy: string | null): Promise<number> {
+  const ledger = legacy === null ? { rowCount: 0 } : await pool.query(
+    `DELETE FROM sarsen.${legacy} WHERE ctid IN (
+       SELECT ctid FROM sarsen.${legacy} WHERE created_at < now() - make_interval(days => $1::int) ORDER BY created_at LIMIT $2)`,
+    [days, limit],
   );
   const hourly = await pool.query(
     `DELETE FROM sarsen.key_usage_hourly WHERE ctid IN (

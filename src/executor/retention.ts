@@ -98,7 +98,7 @@ async function pass(deps: Deps, db: PoolClient): Promise<RetentionCounts> {
   const claims = await drain(() => sweepLapsedClaims(db, BATCH));
   const listing = await drain(() => sweepListingRows(db, s.listing_horizon_days, BATCH));
   const legacyLedger = legacy.find((p) => p.table === LEDGER.tables[0]);
-  const ledger = await drain(() => sweepLedger(db, s.ledger_horizon_days, BATCH, legacyLedger ? new Date(legacyLedger.hiMs) : null));
+  const ledger = await drain(() => sweepLedger(db, s.ledger_horizon_days, BATCH, legacyLedger?.name ?? null));
   partitions += await retireRequestRows(db, s.listing_horizon_days, now);
   partitions += await retireLedger(db, s.ledger_horizon_days, now);
   return { records, claims, listing, ledger, partitions };
