@@ -4,26 +4,21 @@
 // they carry no such index (migration 026). The legacy partition, the entries written before
 // partitioning, is swept row by row by creation time, through an index of its own.
 import { expect } from 'chai';
-import { createTestDatabase, type TestDatabase } from '../support/db.ts';
-import { track } from '../support/resources.ts';
-import { createPool, type Pool } from '../../src/db/pool.ts';
+import { createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
 import { listPartitions, LEDGER } from '../../src/db/partitions.ts';
 import { sweepLedger } from '../../src/db/retention.ts';
 
 describe('the ledger\'s indexes', function () {
   this.timeout(30_000);
   let db: TestDatabase;
-  let pool: Pool;
-  let release: () => void;
+  let pool: ReturnType<typeof testPool>;
 
   before(async () => {
     db = await createTestDatabase();
-    pool = createPool(db.conn, { max: 2, name: 'sarsen-ledger-probe' });
-    release = track('pool', db.name);
+    pool = testPool(db.conn, 2);
   });
   after(async () => {
     await pool?.end();
-    release?.();
     await db?.drop();
   });
 

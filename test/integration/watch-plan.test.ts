@@ -3,9 +3,7 @@
 // knows of the requests table: before its first ANALYZE (a new partition, or autovacuum off)
 // each was planned as a sequential scan, which grew with every request the table held.
 import { expect } from 'chai';
-import { createTestDatabase, type TestDatabase } from '../support/db.ts';
-import { track } from '../support/resources.ts';
-import { createPool, type Pool } from '../../src/db/pool.ts';
+import { createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
 import { submitBatch, type NewRequest } from '../../src/db/submissions.ts';
 import { newId } from '../../src/core/ids.ts';
 import { WATCH_SQL, watchExecutors } from '../../src/db/liveness.ts';
@@ -14,17 +12,14 @@ import { recoverDeadAttempts, redispatchStranded } from '../../src/db/recovery.t
 describe('the liveness watch and the recovery sweep', function () {
   this.timeout(60_000);
   let db: TestDatabase;
-  let pool: Pool;
-  let release: () => void;
+  let pool: ReturnType<typeof testPool>;
 
   before(async () => {
     db = await createTestDatabase();
-    pool = createPool(db.conn, { max: 1, name: 'sarsen-watch-probe' });
-    release = track('pool', db.name);
+    pool = testPool(db.conn, 1);
   });
   after(async () => {
     await pool?.end();
-    release?.();
     await db?.drop();
   });
 
