@@ -157,7 +157,14 @@ export function writableClient(conn: Plain): typeof pg.Client | null {
     }
 
     private async connectWritable(): Promise<pg.Client> {
-      const target = await resolver.target();
+      // Listened to from the start: until the pool's own listener is attached (after this
+      // resolves) a server going away would otherwise crash the process, as one did in a
+      // failover test: a demoted host's postmaster exiting while this client was being ended.
+      let chosen: HostPort | null = null;
+      this.on('error', () => {
+        if (chosen) resolver.lost(chosen);
+      });
+      const target = (chosen = await resolver.target());
       // A pool that gave up on this connection meanwhile has destroyed its socket.
       if (this.connection.stream.destroyed) throw new Error('timeout exceeded when trying to connect');
       const params = (this as unknown as { connectionParameters: { host: string; port: number } }).connectionParameters;
@@ -175,8 +182,7 @@ export function writableClient(conn: Plain): typeof pg.Client | null {
         await this.end().catch(() => undefined);
         throw new NoWritableHost(`${formatHost(target)} no longer takes writes`);
       }
-      // A later loss, or the server turning read-only under this session: look again next time.
-      this.on('error', () => resolver.lost(target));
+      // The server turning read-only under this session (a later loss: the listener above): look again next time.
       this.connection.on('parameterStatus', () => {
         if (readOnly(status)) resolver.lost(target);
       });

@@ -13,6 +13,7 @@ import { startFakeProvider, type FakeProvider } from '../support/fake-provider.t
 import { provision, type Tenant } from '../support/tenant.ts';
 import type { TestServer } from '../support/server.ts';
 import { rawRequest, until } from '../support/http.ts';
+import { writableClient } from '../../src/db/writable-host.ts';
 
 /** A port on 127.0.0.1 that nothing listens on (bound, then closed). */
 async function closedPort(): Promise<number> {
@@ -61,6 +62,19 @@ describe('several database hosts', function () {
     });
   const ready = async () => (await fetch(`${p.url}/readyz`)).status;
   const requests = async () => (await pool.query<{ n: number }>('SELECT count(*)::int AS n FROM sarsen.requests')).rows[0]!.n;
+
+  it('a connection listens for its server going away from the moment it is asked for: no window in which that crashes the process', async () => {
+    // In a failover a demoted host's postmaster exited while such a client was being ended
+    // (the host no longer took writes), before the pool had put its own listener on it.
+    const conn = { ...db.conn, host: `127.0.0.1:${await closedPort()},${db.conn.host}:${db.conn.port}` };
+    const Client = writableClient(conn)!;
+    const c = new Client(conn);
+    const connecting = c.connect();
+    expect(() => c.emit('error', new Error('terminating connection due to unexpected postmaster exit'))).to.not.throw();
+    await connecting;
+    expect(() => c.emit('error', new Error('terminating connection due to unexpected postmaster exit'))).to.not.throw();
+    await c.end();
+  });
 
   it('connects to the host that answers, past one that refuses', async () => {
     expect((await submit()).status).to.equal(202);
