@@ -4,9 +4,10 @@
 //
 // A new request's job is inserted, and its backstop deleted, in graphile-worker's private table
 // directly: both are on the hot path, where add_jobs would cost more than the request's own rows.
-// The rest uses graphile-worker's public functions, but for retireJobsSql, staleLockedJobKeysSql and
-// ENSURE_TASK_SQL, which none of them does. test/integration/graphile-worker-conformance.test.ts holds the direct writes
-// to graphile-worker's own, and fails when its schema moves past GRAPHILE_WORKER_MIGRATIONS.
+// The rest uses graphile-worker's public functions, but for retireJobsSql, staleLockedJobKeysSql
+// and ENSURE_TASK_SQL, which none of them does. test/integration/graphile-worker-conformance.test.ts
+// holds the direct reads and writes to graphile-worker's own, and fails when its schema moves past
+// GRAPHILE_WORKER_MIGRATIONS.
 
 import type { Pool } from './pool.ts';
 
