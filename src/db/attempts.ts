@@ -203,13 +203,14 @@ export type AttemptEnd = { status: number | null; retryAfter: string | null; err
 /**
  * A fenced terminal write: the answer (a success, or the stored error), what it is counted as,
  * for a stream what its frames hold (the bytes, and the sequence number of the last), and the
- * attempt's log entry (`cancelled`: it ended by a cancel). `ownCredential`: the request brought
- * its caller's credential, which the write destroys. `cacheable`: the answer may be served from
- * the response cache (not a failure, nor a stream the provider ended with its own failure).
+ * attempt's log entry (`cancelled`: it ended by a cancel). `model`: the request's upstream model,
+ * whose price its tokens are charged at. `ownCredential`: the request brought its caller's
+ * credential, which the write destroys. `cacheable`: the answer may be served from the response
+ * cache (not a failure, nor a stream the provider ended with its own failure).
  */
 export type Terminal = Readonly<
   {
-    id: string; attempt: number; jobId: string | null; answer: Answer; tokens: Tokens; frames: { bytes: number; lastSeq: number } | null;
+    id: string; attempt: number; jobId: string | null; model: string; answer: Answer; tokens: Tokens; frames: { bytes: number; lastSeq: number } | null;
     cancelled: boolean; end: AttemptEnd; ownCredential: boolean; tokenLimited: boolean; cacheable: boolean;
   } & Traffic
 >;
@@ -228,6 +229,7 @@ const SETTLE_INPUT = batchInput<Terminal, { shard: number; origin: string }>(
   [
     ['id', 'text', (t) => t.id],
     ['attempt', 'int', (t) => t.attempt],
+    ['model', 'text', (t) => t.model],
     ['outcome', 'text', (t) => t.answer.status],
     ['http_status', 'int', (t) => t.answer.httpStatus],
     ['content_type', 'text', (t) => t.answer.contentType],
@@ -260,13 +262,12 @@ const SETTLE_PARTS: readonly Part[] = [
     name: 'cost',
     // Token cost at the model's price (micro-credits per million tokens, rounded up); no price,
     // no charge. A failure carries tokens only when it was cancelled mid-stream: what was
-    // produced is charged. A key lookup per answer (a subquery in the select list is never
-    // turned into a join).
+    // produced is charged. The model comes with the answer, so pricing reads no request row; a
+    // key lookup per answer (a subquery in the select list is never turned into a join).
     sql: `SELECT i.id, coalesce((
       SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
             + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint
-        FROM sarsen.requests q JOIN sarsen.prices p ON p.model = q.upstream_model
-       WHERE q.id = i.id), 0) AS micros
+        FROM sarsen.prices p WHERE p.model = i.model), 0) AS micros
     FROM input i`,
   },
   {

@@ -38,8 +38,8 @@ export async function cancelRequest(
   opts: { metering: boolean; origin: string },
 ): Promise<CancelResult | null> {
   return withTransaction(pool, async (c) => {
-    const { rows } = await c.query<{ status: RequestStatus; cancel_requested: boolean; attempts: number }>(
-      `SELECT status, cancel_requested, attempts FROM sarsen.requests WHERE id = $1 AND namespace_id = $2 FOR UPDATE`,
+    const { rows } = await c.query<{ status: RequestStatus; cancel_requested: boolean; attempts: number; upstream_model: string }>(
+      `SELECT status, cancel_requested, attempts, upstream_model FROM sarsen.requests WHERE id = $1 AND namespace_id = $2 FOR UPDATE`,
       [id, namespaceId],
     );
     const r = rows[0];
@@ -63,7 +63,7 @@ export async function cancelRequest(
     const answer = cancelledAnswer();
     // (ownCredential: whatever the request brought is destroyed; nothing is, if it brought none.)
     const terminal = {
-      id, attempt: r.attempts, jobId: null, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true,
+      id, attempt: r.attempts, jobId: null, model: r.upstream_model, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true,
       end: { status: null, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,
     };
     await settleBatch(c, [terminal], {

@@ -57,7 +57,7 @@ describe('batch statement plans', function () {
     await renewLeases(pool, [], 30_000);
     // Every shape of the terminal write (a terminal for no request writes nothing).
     const failure = {
-      id: 'req_none', attempt: 1, jobId: null, answer: cancelledAnswer(), tokens: { prompt: null, completion: null, total: null }, frames: null,
+      id: 'req_none', attempt: 1, jobId: null, model: 'm', answer: cancelledAnswer(), tokens: { prompt: null, completion: null, total: null }, frames: null,
       reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true, end: { status: null, retryAfter: null, error: null }, ownCredential: true,
       tokenLimited: false, cacheable: false,
     };
@@ -92,6 +92,24 @@ describe('batch statement plans', function () {
 
   it('read no table whole, planned over empty tables never analysed (a new deployment, autovacuum off)', async () => {
     expect(await badReads()).to.deep.equal([]);
+  });
+
+  // A terminal write prices tokens by the model it is handed: it reads the request rows only as
+  // its update does, once per partition, not again per answer to find the model.
+  it('the terminal write reads the requests only to update them', async () => {
+    await badReads(); // every shape prepared on this connection
+    const { rows } = await pool.query<{ name: string; types: string[] }>(
+      `SELECT name, parameter_types::text[] AS types FROM pg_prepared_statements WHERE name LIKE 'sarsen\\_settle\\_batch%' ORDER BY name`,
+    );
+    expect(rows).to.have.length(8);
+    for (const r of rows) {
+      const plan = (await pool.query<{ 'QUERY PLAN': string }>(`EXPLAIN EXECUTE ${r.name}(${r.types.map((t) => `NULL::${t}`).join(', ')})`)).rows
+        .map((p) => p['QUERY PLAN']);
+      const updated = plan.filter((line) => /Update on requests_\w+/.test(line)).length;
+      const scans = plan.filter((line) => /(?:Seq Scan|Bitmap Heap Scan|Index (?:Only )?Scan (?:Backward )?using \S+) on requests_\w+/.test(line)).length;
+      expect(updated, r.name).to.be.greaterThan(0);
+      expect(scans, `${r.name}: scans of request partitions`).to.equal(updated);
+    }
   });
 
   it('read no table whole, planned over small tables analysed (autovacuum in a deployment\'s first minutes)', async () => {

@@ -1,12 +1,11 @@
 WITH input AS (
-  SELECT t.*, CASE WHEN t.body_size >= 0 THEN substring($22::bytea FROM (sum(greatest(t.body_size, 0)) OVER (ORDER BY t.ord) - t.body_size + 1)::int FOR t.body_size) END AS body
-    FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::text[], $6::int[], $7::int[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::boolean[], $18::text[], $19::int[], $20::text[], $21::boolean[]) WITH ORDINALITY AS t(id, attempt, outcome, http_status, content_type, body_size, error_status, retry_after, prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq, reached, ending, provider_status, transport_error, cacheable, ord)
+  SELECT t.*, CASE WHEN t.body_size >= 0 THEN substring($23::bytea FROM (sum(greatest(t.body_size, 0)) OVER (ORDER BY t.ord) - t.body_size + 1)::int FOR t.body_size) END AS body
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::text[], $7::int[], $8::int[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::int[], $18::boolean[], $19::text[], $20::int[], $21::text[], $22::boolean[]) WITH ORDINALITY AS t(id, attempt, model, outcome, http_status, content_type, body_size, error_status, retry_after, prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq, reached, ending, provider_status, transport_error, cacheable, ord)
 ), cost AS (
   SELECT i.id, coalesce((
       SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
             + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint
-        FROM sarsen.requests q JOIN sarsen.prices p ON p.model = q.upstream_model
-       WHERE q.id = i.id), 0) AS micros
+        FROM sarsen.prices p WHERE p.model = i.model), 0) AS micros
     FROM input i
 ), done AS (
   UPDATE sarsen.requests q
@@ -32,7 +31,7 @@ WITH input AS (
   INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
 ), rollup AS (
   INSERT INTO sarsen.usage_rollup (namespace_id, shard, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes)
-  SELECT namespace_id, $23::smallint, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes FROM (SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
+  SELECT namespace_id, $24::smallint, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes FROM (SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
             sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id) AS added
   ON CONFLICT (namespace_id, shard) DO UPDATE
     SET provider_calls = usage_rollup.provider_calls + EXCLUDED.provider_calls, upstream_sent_bytes = usage_rollup.upstream_sent_bytes + EXCLUDED.upstream_sent_bytes, upstream_received_bytes = usage_rollup.upstream_received_bytes + EXCLUDED.upstream_received_bytes, response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes
@@ -43,7 +42,7 @@ WITH input AS (
   RETURNING 1
 ), per_key AS (
   INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($23::smallint)::int % 4, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens FROM (SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($24::smallint)::int % 4, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens FROM (SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
             count(*) FILTER (WHERE provider_call) AS provider_calls,
             sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
        FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id) AS added
@@ -66,6 +65,6 @@ WITH input AS (
 ), removed AS (
   DELETE FROM graphile_worker._private_jobs AS jobs WHERE jobs.id = ANY(ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)) AND jobs.locked_at IS NULL RETURNING 1
 ), notified AS (
-  SELECT sarsen.bus_notify($24::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
+  SELECT sarsen.bus_notify($25::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
 )
 SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done
