@@ -46,6 +46,10 @@ describe('batch statement plans', function () {
   // Tables (and their partitions) that grow with every request, as opposed to the control plane's.
   const GROWS = /^(requests|request_bodies|request_credentials|responses|chunks|ledger|idempotency_claims|key_usage_hourly|_private_jobs)(_|$)/;
 
+  /** The generic plan of a statement prepared on the probe's connection, line by line. */
+  const planOf = async (r: { name: string; types: string[] }): Promise<string[]> =>
+    (await pool.query<{ 'QUERY PLAN': string }>(`EXPLAIN EXECUTE ${r.name}(${r.types.map((t) => `NULL::${t}`).join(', ')})`)).rows.map((p) => p['QUERY PLAN']);
+
   /** What the batch statements' plans read badly, as `statement: what`. */
   const badReads = async (): Promise<string[]> => {
     await submitBatch(pool, [], { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 }, 0);
@@ -76,8 +80,7 @@ describe('batch statement plans', function () {
       'sarsen_settle_batch_metered_limited', 'sarsen_settle_batch_metered_cleanup_limited', 'sarsen_store_frames']);
     const bad: string[] = [];
     for (const r of rows) {
-      const args = r.types.map((t) => `NULL::${t}`).join(', ');
-      const lines = (await pool.query<{ 'QUERY PLAN': string }>(`EXPLAIN EXECUTE ${r.name}(${args})`)).rows.map((p) => p['QUERY PLAN']);
+      const lines = await planOf(r);
       lines.forEach((line, i) => {
         const seq = /Seq Scan on (\S+)/.exec(line);
         if (seq) bad.push(`${r.name}: sequential scan of ${seq[1]}`);
@@ -103,8 +106,7 @@ describe('batch statement plans', function () {
     );
     expect(rows).to.have.length(8);
     for (const r of rows) {
-      const plan = (await pool.query<{ 'QUERY PLAN': string }>(`EXPLAIN EXECUTE ${r.name}(${r.types.map((t) => `NULL::${t}`).join(', ')})`)).rows
-        .map((p) => p['QUERY PLAN']);
+      const plan = await planOf(r);
       const updated = plan.filter((line) => /Update on requests_\w+/.test(line)).length;
       const scans = plan.filter((line) => /(?:Seq Scan|Bitmap Heap Scan|Index (?:Only )?Scan (?:Backward )?using \S+) on requests_\w+/.test(line)).length;
       expect(updated, r.name).to.be.greaterThan(0);
