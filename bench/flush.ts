@@ -2,9 +2,10 @@
 // costs"): the submission statement and the terminal write, each committed on its own, through
 // the statements Sarsen runs (src/db/submissions.ts, src/db/attempts.ts) on one batch connection
 // of a fresh database, nothing else running. For each batch size it prints the time of a flush
-// as the writer waits for it, its share per item, and the CPU the database backend spent per
-// item on both; then a line fitted through the sizes: what a flush costs whatever its size, and
-// what each item adds. The fixed part is what a request pays alone at low concurrency, and twice.
+// as the writer waits for it, its share per item, and the CPU the database backend and the
+// writer (this process: building the statement, the driver, the socket) spent per item on both;
+// then lines fitted through the sizes: what a flush costs whatever its size, and what each item
+// adds. The fixed part is what a request pays alone at low concurrency, and twice.
 //
 // `--limited` gives every submission a key with rate limits that are checked but never reached,
 // so the statement carries the limit check (src/db/rate-limits.ts).
@@ -55,28 +56,42 @@ const success = (s: Submitted): Terminal => ({
   cancelled: false, end: { status: 200, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,
 });
 
-type Sample = { size: number; submitMs: number; settleMs: number; backendUs: number };
+type Sample = { size: number; submitMs: number; settleMs: number; backendUs: number; writerUs: number };
 
 /** `rounds` flushes of `size` submissions, each followed by the terminal write of the same batch. */
 async function measure(pool: Pool, backend: number, size: number, rounds: number): Promise<Sample> {
   let submitNs = 0n;
   let settleNs = 0n;
+  // This process's CPU from each statement's call to its answer: not the making of submissions.
+  let writerUs = 0;
+  const writer = (from: NodeJS.CpuUsage) => {
+    const used = process.cpuUsage(from);
+    writerUs += used.user + used.system;
+  };
   const cpu0 = processCpuMs(backend);
   for (let i = 0; i < rounds; i++) {
     const batch = Array.from({ length: size }, submission);
+    const own0 = process.cpuUsage();
     const t0 = process.hrtime.bigint();
     const accepted = await submitBatch(pool, batch, SETTINGS, 0);
     const t1 = process.hrtime.bigint();
+    writer(own0);
     const terminals = accepted.map((a) => {
       if (a === null || isRefused(a)) throw new Error('a distinct submission was not accepted');
       return success(a);
     });
+    const own1 = process.cpuUsage();
+    const t2 = process.hrtime.bigint();
     await settleBatch(pool, terminals, { metering: false, origin: 'wrk_flush', counterShard: 0 });
-    settleNs += process.hrtime.bigint() - t1;
+    settleNs += process.hrtime.bigint() - t2;
+    writer(own1);
     submitNs += t1 - t0;
   }
   const items = size * rounds;
-  return { size, submitMs: Number(submitNs) / 1e6 / rounds, settleMs: Number(settleNs) / 1e6 / rounds, backendUs: ((processCpuMs(backend) - cpu0) * 1000) / items };
+  return {
+    size, submitMs: Number(submitNs) / 1e6 / rounds, settleMs: Number(settleNs) / 1e6 / rounds,
+    backendUs: ((processCpuMs(backend) - cpu0) * 1000) / items, writerUs: writerUs / items,
+  };
 }
 
 /** Least squares through (size, ms): the intercept (a flush of nothing) and the slope (an item). */
@@ -110,17 +125,21 @@ async function main(): Promise<void> {
     const median = (xs: number[]) => percentile(xs.sort((a, b) => a - b), 50);
     const bySize = SIZES.map((size) => {
       const of = samples.filter((s) => s.size === size);
-      return { size, submitMs: median(of.map((s) => s.submitMs)), settleMs: median(of.map((s) => s.settleMs)), backendUs: median(of.map((s) => s.backendUs)) };
+      return {
+        size, submitMs: median(of.map((s) => s.submitMs)), settleMs: median(of.map((s) => s.settleMs)),
+        backendUs: median(of.map((s) => s.backendUs)), writerUs: median(of.map((s) => s.writerUs)),
+      };
     });
-    out(`\nOne flush of each statement, as its writer waits for it (medians of ${REPEAT} runs; CPU of the database backend, both statements, per item${Number.isNaN(bySize[0]!.backendUs) ? ': not readable, the server is not on this machine' : ''})`);
-    out(table(['batch', 'submission ms', '… per item µs', 'terminal ms', '… per item µs', 'backend CPU µs per item'], bySize.map((b) => [
-      String(b.size), fmt(b.submitMs, 3), fmt((b.submitMs * 1000) / b.size, 0), fmt(b.settleMs, 3), fmt((b.settleMs * 1000) / b.size, 0), fmt(b.backendUs, 0),
+    out(`\nOne flush of each statement, as its writer waits for it (medians of ${REPEAT} runs; CPU of the database backend and of the writer, both statements, per item${Number.isNaN(bySize[0]!.backendUs) ? '; the backend\'s is not readable, the server is not on this machine' : ''})`);
+    out(table(['batch', 'submission ms', '… per item µs', 'terminal ms', '… per item µs', 'backend CPU µs per item', 'writer CPU µs per item'], bySize.map((b) => [
+      String(b.size), fmt(b.submitMs, 3), fmt((b.submitMs * 1000) / b.size, 0), fmt(b.settleMs, 3), fmt((b.settleMs * 1000) / b.size, 0), fmt(b.backendUs, 0), fmt(b.writerUs, 0),
     ])));
     const submit = fit(bySize.map((b) => [b.size, b.submitMs]));
     const settle = fit(bySize.map((b) => [b.size, b.settleMs]));
     const cpu = fit(bySize.map((b) => [b.size, (b.backendUs * b.size) / 1000]));
+    const writer = fit(bySize.map((b) => [b.size, (b.writerUs * b.size) / 1000]));
     out(`\nFitted: a submission flush ${fmt(submit.fixed, 3)} ms + ${fmt(submit.perItem * 1000, 0)} µs per item; a terminal flush ${fmt(settle.fixed, 3)} ms + ${fmt(settle.perItem * 1000, 0)} µs per item;`);
-    out(`the backend's CPU for both, ${fmt(cpu.fixed, 3)} ms + ${fmt(cpu.perItem * 1000, 0)} µs per item.`);
+    out(`the backend's CPU for both, ${fmt(cpu.fixed, 3)} ms + ${fmt(cpu.perItem * 1000, 0)} µs per item; the writer's, ${fmt(writer.fixed, 3)} ms + ${fmt(writer.perItem * 1000, 0)} µs per item.`);
   } finally {
     await pool.end();
     await db.drop();
