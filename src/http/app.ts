@@ -1,7 +1,7 @@
 // The express application: health routes, the routers later parts mount, the 404 fallback and
 // the one error handler that turns everything into the error envelope (docs/api.md "Errors").
 import express from 'express';
-import type { Request, Response, NextFunction, Router } from 'express';
+import type { Request, Response, NextFunction, RequestHandler } from 'express';
 import crypto from 'node:crypto';
 import { ServiceError, ERROR_CODES, errorBody, type ErrorCode } from '../core/errors.ts';
 import { connectionFailed, isConnectionLoss } from '../db/pool.ts';
@@ -12,6 +12,7 @@ import { observeRequests, observedOf } from './observe.ts';
 import { exposition } from '../metrics/metrics.ts';
 import { tracer } from '../telemetry/tracing.ts';
 import { serverSpans } from './tracing.ts';
+import { ADMIN_PATH } from './admin/index.ts';
 
 // Seconds a caller is asked to wait before retrying while the database is unreachable.
 const UNAVAILABLE_RETRY_AFTER_S = 1;
@@ -28,7 +29,6 @@ const SERVED =
   'POST /responses/{id}/cancel and GET /responses/{id}/input_items (background responses), ' +
   '/files and /batches (OpenAI batches) and /messages/batches (Anthropic message batches). ' +
   'There is no model-listing, token-counting or embeddings route.';
-const ADMIN_PATH = /^\/[^/]+\/v1(\/|$)/;
 
 /** An error body in some API's shape: Sarsen's envelope, or a vendor's (docs/api.md "Errors"). */
 export type ErrorShape = (code: ErrorCode, status: number, message: string) => string;
@@ -52,7 +52,7 @@ function metricsAllowed(req: Request, token: string | null): boolean {
   return m !== null && crypto.timingSafeEqual(given, crypto.createHash('sha256').update(token).digest());
 }
 
-export function createApp(opts: { ready: Readiness; routers?: Router[]; metricsToken?: string | null; openapi?: () => unknown }): express.Express {
+export function createApp(opts: { ready: Readiness; routers?: RequestHandler[]; metricsToken?: string | null; openapi?: () => unknown }): express.Express {
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');
