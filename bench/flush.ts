@@ -8,9 +8,11 @@
 // adds. The fixed part is what a request pays alone at low concurrency, and twice.
 //
 // `--limited` gives every submission a key with rate limits that are checked but never reached,
-// so the statement carries the limit check (src/db/rate-limits.ts).
+// so the statement carries the limit check (src/db/rate-limits.ts). `--explain N` then runs one
+// flush of N of each statement under EXPLAIN ANALYZE and prints each writing part's share of its
+// time and WAL (bench/lib/plan-parts.ts).
 //
-// Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3] [--limited]
+// Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3] [--limited] [--explain 64]
 import { benchDatabase } from './lib/database.ts';
 import { processCpuMs } from './lib/cpu.ts';
 import { fmt, percentile, table } from './lib/stats.ts';
@@ -21,6 +23,8 @@ import { submitBatch, isRefused, type NewRequest, type Submitted } from '../src/
 import { settleBatch, type Terminal } from '../src/db/attempts.ts';
 import { newId } from '../src/core/ids.ts';
 import { benchArgs } from './lib/args.ts';
+import { explainParts } from './lib/plan-parts.ts';
+import type pg from 'pg';
 
 const args = benchArgs({
   sizes: { type: 'string', default: '1,4,16,64' },
@@ -28,11 +32,14 @@ const args = benchArgs({
   items: { type: 'string', default: '1600' },
   repeat: { type: 'string', default: '3' },
   limited: { type: 'boolean', default: false },
+  // A batch size to explain each statement at, after the measurements (0: none).
+  explain: { type: 'string', default: '0' },
   'allow-non-durable': { type: 'boolean', default: false },
 });
 const SIZES = args.sizes.split(',').map(Number);
 const ITEMS = Number(args.items);
 const REPEAT = Number(args.repeat);
+const EXPLAIN = Number(args.explain);
 const LIMITS = args.limited ? { requestsPerMinute: 1_000_000_000, tokensPerMinute: null } : null;
 const out = (line = '') => process.stdout.write(line + '\n');
 
@@ -94,6 +101,29 @@ async function measure(pool: Pool, backend: number, size: number, rounds: number
   };
 }
 
+/** The statement `write` sends, caught instead of sent. */
+async function statementOf(write: (db: Pool) => Promise<unknown>): Promise<pg.QueryConfig> {
+  let caught: pg.QueryConfig | null = null;
+  await write({ query: async (config: pg.QueryConfig) => ((caught = config), { rows: [] }) } as unknown as Pool);
+  return caught!;
+}
+
+/** One flush of `size` of each statement under EXPLAIN ANALYZE, each writing part's time and WAL per item. */
+async function explain(pool: Pool, size: number): Promise<void> {
+  const accepted = await submitBatch(pool, Array.from({ length: size }, submission), SETTINGS, 0);
+  const statements = {
+    submission: await statementOf((db) => submitBatch(db, Array.from({ length: size }, submission), SETTINGS, 0)),
+    terminal: await statementOf((db) => settleBatch(db, accepted.map((a) => success(a as Submitted)), { metering: false, origin: 'wrk_flush', counterShard: 0 })),
+  };
+  for (const [name, config] of Object.entries(statements)) {
+    const e = await explainParts(pool, config);
+    out(`\nThe ${name} statement at a batch of ${size}, under EXPLAIN ANALYZE (once; planning ${fmt(e.planningMs, 3)} ms, execution ${fmt(e.executionMs, 3)} ms):`);
+    out(table(['part', 'µs per item', 'share', 'WAL records per item', 'WAL bytes per item'], e.parts.map((p) => [
+      p.part, fmt((p.ms * 1000) / size, 1), `${fmt((100 * p.ms) / e.executionMs, 0)}%`, p.walRecords === null ? '' : fmt(p.walRecords / size, 1), p.walBytes === null ? '' : fmt(p.walBytes / size, 0),
+    ])));
+  }
+}
+
 /** Least squares through (size, ms): the intercept (a flush of nothing) and the slope (an item). */
 function fit(points: readonly (readonly [number, number])[]): { fixed: number; perItem: number } {
   const n = points.length;
@@ -140,6 +170,7 @@ async function main(): Promise<void> {
     const writer = fit(bySize.map((b) => [b.size, (b.writerUs * b.size) / 1000]));
     out(`\nFitted: a submission flush ${fmt(submit.fixed, 3)} ms + ${fmt(submit.perItem * 1000, 0)} µs per item; a terminal flush ${fmt(settle.fixed, 3)} ms + ${fmt(settle.perItem * 1000, 0)} µs per item;`);
     out(`the backend's CPU for both, ${fmt(cpu.fixed, 3)} ms + ${fmt(cpu.perItem * 1000, 0)} µs per item; the writer's, ${fmt(writer.fixed, 3)} ms + ${fmt(writer.perItem * 1000, 0)} µs per item.`);
+    if (EXPLAIN > 0) await explain(pool, EXPLAIN);
   } finally {
     await pool.end();
     await db.drop();
