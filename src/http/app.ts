@@ -1,7 +1,7 @@
 // The express application: health routes, the routers later parts mount, the 404 fallback and
 // the one error handler that turns everything into the error envelope (docs/api.md "Errors").
 import express from 'express';
-import type { Request, Response, NextFunction, RequestHandler } from 'express';
+import type { Request, Response, NextFunction, Router } from 'express';
 import crypto from 'node:crypto';
 import { ServiceError, ERROR_CODES, errorBody, type ErrorCode } from '../core/errors.ts';
 import { connectionFailed, isConnectionLoss } from '../db/pool.ts';
@@ -52,7 +52,7 @@ function metricsAllowed(req: Request, token: string | null): boolean {
   return m !== null && crypto.timingSafeEqual(given, crypto.createHash('sha256').update(token).digest());
 }
 
-export function createApp(opts: { ready: Readiness; routers?: RequestHandler[]; metricsToken?: string | null; openapi?: () => unknown }): express.Express {
+export function createApp(opts: { ready: Readiness; routers?: Router[]; metricsToken?: string | null; openapi?: () => unknown }): express.Express {
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');

@@ -1,5 +1,5 @@
 // Every router the API role serves, in mount order. The executor role serves health only.
-import type { RequestHandler } from 'express';
+import type { Router } from 'express';
 import type { Deps } from '../deps.ts';
 import { adminRouter } from './admin/index.ts';
 import { serviceRouter } from './service/routes.ts';
@@ -7,7 +7,7 @@ import { consoleRouter } from './console/index.ts';
 import { closeServiceAuth } from './service-auth.ts';
 import { closeRouting } from '../control/resolve-model.ts';
 
-export type ApiRouters = { routers: RequestHandler[]; close(): Promise<void> };
+export type ApiRouters = { routers: Router[]; close(): Promise<void> };
 
 export function apiRouters(deps: Deps): ApiRouters {
   return {

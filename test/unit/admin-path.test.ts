@@ -1,8 +1,8 @@
-// The administration router is entered only by paths ADMIN_PATH admits (src/http/admin/index.ts):
+// The administration router lets through only paths ADMIN_PATH admits (src/http/admin/index.ts):
 // every one of its routes must be among them, and no service route may be.
 import { expect } from 'chai';
 import type { Router } from 'express';
-import { ADMIN_PATH, adminRoutes } from '../../src/http/admin/index.ts';
+import { ADMIN_PATH, adminRouter } from '../../src/http/admin/index.ts';
 import type { Deps } from '../../src/deps.ts';
 
 // What building the routes reads; none of them is called here.
@@ -14,7 +14,7 @@ const concrete = (pattern: string): string => pattern.replace(/:(\w+)/g, (_, nam
 
 describe('the administration routes’ gate', () => {
   it('admits every administration route, in any case, with or without a trailing slash', () => {
-    const paths = routePaths(adminRoutes(deps));
+    const paths = routePaths(adminRouter(deps));
     expect(paths.length).to.be.greaterThan(30);
     for (const path of paths.map(concrete)) {
       for (const variant of [path, `${path}/`, path.toUpperCase()]) expect(ADMIN_PATH.test(variant), variant).to.equal(true);

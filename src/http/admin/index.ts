@@ -1,7 +1,7 @@
 // The administration routes under /{tenancy}/v1/... (docs/administration.md "Administration
 // routes"). Each route carries its own session check, so unknown paths still fall through to the
 // 404 handler.
-import express, { type RequestHandler, type Router } from 'express';
+import express, { type Router } from 'express';
 import type { Deps } from '../../deps.ts';
 import { sessionRoutes } from './console-auth.ts';
 import { tenancyRoutes } from './tenancy.ts';
@@ -21,21 +21,13 @@ import { batchConsoleRoutes } from './batches.ts';
 export const ADMIN_PATH = /^\/[^/]+\/v1(?:\/|$)/i;
 
 /**
- * The administration routes, entered only by a path under /{tenancy}/v1: any other request (a
- * service call is /{tenancy}/{namespace}/v1/...) goes on at once instead of being tried against
- * each of their routes in turn (issue 44: a few µs of CPU a request).
+ * The administration routes. A request whose path is not under /{tenancy}/v1 (a service call is
+ * /{tenancy}/{namespace}/v1/...) leaves the router at its first step instead of being tried
+ * against each of its routes in turn (issue 44: a few µs of CPU a request).
  */
-export function adminRouter(deps: Deps): RequestHandler {
-  const router = adminRoutes(deps);
-  return (req, res, next) => {
-    if (ADMIN_PATH.test(req.path)) router(req, res, next);
-    else next();
-  };
-}
-
-/** Every administration route, each under ADMIN_PATH. */
-export function adminRoutes(deps: Deps): Router {
+export function adminRouter(deps: Deps): Router {
   const router = express.Router();
+  router.use((req, _res, next) => next(ADMIN_PATH.test(req.path) ? undefined : 'router'));
   sessionRoutes(deps, router);
   tenancyRoutes(deps, router);
   namespaceRoutes(deps, router);
