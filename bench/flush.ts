@@ -63,6 +63,13 @@ const success = (s: Submitted): Terminal => ({
   cancelled: false, end: { status: 200, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,
 });
 
+/** The terminal writes of a batch just accepted, each a success. */
+const successes = (accepted: Awaited<ReturnType<typeof submitBatch>>): Terminal[] =>
+  accepted.map((a) => {
+    if (a === null || isRefused(a)) throw new Error('a distinct submission was not accepted');
+    return success(a);
+  });
+
 type Sample = { size: number; submitMs: number; settleMs: number; backendUs: number; writerUs: number };
 
 /** `rounds` flushes of `size` submissions, each followed by the terminal write of the same batch. */
@@ -83,10 +90,7 @@ async function measure(pool: Pool, backend: number, size: number, rounds: number
     const accepted = await submitBatch(pool, batch, SETTINGS, 0);
     const t1 = process.hrtime.bigint();
     writer(own0);
-    const terminals = accepted.map((a) => {
-      if (a === null || isRefused(a)) throw new Error('a distinct submission was not accepted');
-      return success(a);
-    });
+    const terminals = successes(accepted);
     const own1 = process.cpuUsage();
     const t2 = process.hrtime.bigint();
     await settleBatch(pool, terminals, { metering: false, origin: 'wrk_flush', counterShard: 0 });
@@ -113,7 +117,7 @@ async function explain(pool: Pool, size: number): Promise<void> {
   const accepted = await submitBatch(pool, Array.from({ length: size }, submission), SETTINGS, 0);
   const statements = {
     submission: await statementOf((db) => submitBatch(db, Array.from({ length: size }, submission), SETTINGS, 0)),
-    terminal: await statementOf((db) => settleBatch(db, accepted.map((a) => success(a as Submitted)), { metering: false, origin: 'wrk_flush', counterShard: 0 })),
+    terminal: await statementOf((db) => settleBatch(db, successes(accepted), { metering: false, origin: 'wrk_flush', counterShard: 0 })),
   };
   for (const [name, config] of Object.entries(statements)) {
     const e = await explainParts(pool, config);
