@@ -9,6 +9,17 @@
  */
 export const SPARE_LANE_AT = 32;
 
+/**
+ * How long the submission and terminal writers' lanes linger (BatcherOptions.linger): on a busy
+ * process each turn of the event loop brings answers and requests that other work let in, so a
+ * statement carries several times as many items; on an idle one the first turn is empty and
+ * costs microseconds (docs/performance.md "Lingering"). Frames do not linger: a flush of them
+ * carries a hundred already while the one before commits.
+ */
+export const LINGER_TURNS = 10;
+
+const turn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
 export type Batcher<T, R> = {
   add(item: T): Promise<R>;
   /** Items waiting for a flush, plus those in flight. */
@@ -25,10 +36,17 @@ export type BatcherOptions = {
   lanes?: number;
   /** Items that must wait before a lane opens beside one in flight. */
   spareAt?: number;
+  /**
+   * Turns of the event loop a lane may wait before it flushes a batch shorter than
+   * SPARE_LANE_AT, for the turns to add to it; it stops at the first turn that adds nothing.
+   * None by default.
+   */
+  linger?: number;
 };
 
 /**
- * An idle batcher flushes at once, taking what arrived in the same turn of the event loop.
+ * An idle batcher flushes on the next turn of the event loop, with what arrived by then (and,
+ * lingering, what the turns after it add).
  * `flush` answers one result per item, in order; if it throws, every item of its batch fails
  * with that error.
  */
@@ -38,6 +56,7 @@ export function createBatcher<T, R>(flush: (items: T[], lane: number) => Promise
   let inFlight = 0;
   const lanes = opts.lanes ?? 1;
   const spareAt = opts.spareAt ?? 1;
+  const lingerTurns = opts.linger ?? 0;
   const idle = Array.from({ length: lanes }, (_, lane) => lane);
   let scheduled = false;
   // Whether a lane (`holding` one already, or about to take one) may flush now: no other is in
@@ -51,11 +70,22 @@ export function createBatcher<T, R>(flush: (items: T[], lane: number) => Promise
     return batch;
   };
 
+  // A short batch waits while each turn of the event loop adds to it.
+  const linger = async (): Promise<void> => {
+    for (let turns = 0; turns < lingerTurns && queue.length < SPARE_LANE_AT; turns++) {
+      const before = queue.length;
+      await turn();
+      if (queue.length === before) return;
+    }
+  };
+
   // A lane flushes until the queue is empty (or, beside another in flight, too short for a
   // spare); what arrives meanwhile goes to another idle lane (on the next turn, with whatever
   // else that turn brought) or waits for this one.
   const run = async (lane: number): Promise<void> => {
     while (mayFlush(true)) {
+      await linger();
+      if (queue.length === 0) break; // a spare lane took them meanwhile
       const batch = take();
       inFlight += batch.length;
       schedule();

@@ -7,7 +7,7 @@ import type { BaseDeps } from '../deps.ts';
 import { createBatchPool, retryTransient } from '../db/pool.ts';
 import { settleBatch, scheduleRetry, type Attempt, type Terminal } from '../db/attempts.ts';
 import { handBack } from '../db/recovery.ts';
-import { createBatcher, SPARE_LANE_AT } from '../core/batcher.ts';
+import { createBatcher, LINGER_TURNS, SPARE_LANE_AT } from '../core/batcher.ts';
 import { WRITER_SHARD } from '../db/counters.ts';
 import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
@@ -33,7 +33,7 @@ export function createSettle(deps: BaseDeps): Settle {
         : TRACING ? traceFlush(batch.map((terminal) => terminal.id), 'terminal', flush) : flush());
       return batch.map((terminal) => written.has(terminal.id));
     },
-    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT },
+    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },
   );
 
   const settle = (attempt: Attempt, outcome: Outcome): Promise<void> =>

@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import { createBatcher } from '../../src/core/batcher.ts';
+import { createBatcher, SPARE_LANE_AT } from '../../src/core/batcher.ts';
 
 /** A flush whose batches stay in flight until released, recording what each lane was given. */
 function heldFlush() {
@@ -132,5 +132,58 @@ describe('group commit batcher', () => {
     }
     expect(await Promise.all(all)).to.deep.equal([10, 20, 30, 40, 50]);
     expect(f.batches.map((x) => x.items)).to.deep.equal([[1, 2], [3, 4], [5]]);
+  });
+  it('lingering, waits while each turn of the event loop adds to a short batch, and flushes at the first turn that adds none', async () => {
+    const f = heldFlush();
+    const b = createBatcher(f.flush, { maxBatch: 100, linger: 10 });
+    const all = [b.add(1)];
+    for (const n of [2, 3, 4]) {
+      await nextTurn();
+      all.push(b.add(n));
+    }
+    expect(f.batches).to.deep.equal([], 'every turn added an item: still lingering');
+    await nextTurn();
+    await nextTurn();
+    expect(f.batches).to.deep.equal([{ lane: 0, items: [1, 2, 3, 4] }]);
+    f.inFlight.get(0)!.release();
+    expect(await Promise.all(all)).to.deep.equal([10, 20, 30, 40]);
+  });
+
+  it('lingering, an item alone costs one empty turn', async () => {
+    const f = heldFlush();
+    const b = createBatcher(f.flush, { maxBatch: 100, linger: 10 });
+    const one = b.add(1);
+    await nextTurn();
+    expect(f.batches).to.deep.equal([]);
+    await nextTurn();
+    expect(f.batches).to.deep.equal([{ lane: 0, items: [1] }]);
+    f.inFlight.get(0)!.release();
+    expect(await one).to.equal(10);
+  });
+
+  it('lingers no more than its turns, and not at all once SPARE_LANE_AT items wait', async () => {
+    const f = heldFlush();
+    const b = createBatcher(f.flush, { maxBatch: 100, linger: 3 });
+    const all: Promise<number>[] = [];
+    for (let n = 1; n <= 8; n++) {
+      all.push(b.add(n));
+      await nextTurn();
+    }
+    expect(f.batches).to.have.length(1);
+    expect(f.batches[0]!.items).to.deep.equal([1, 2, 3, 4], 'the first item, then one a turn for three turns');
+    f.inFlight.get(0)!.release();
+    await nextTurn();
+
+    for (let i = 0; i < 20; i++) {
+      if (f.inFlight.has(0)) f.inFlight.get(0)!.release();
+      await nextTurn();
+    }
+    expect(await Promise.all(all)).to.deep.equal([10, 20, 30, 40, 50, 60, 70, 80]);
+
+    const many = Array.from({ length: SPARE_LANE_AT }, (_, i) => b.add(i));
+    await nextTurn();
+    expect(f.batches.at(-1)!.items).to.have.length(SPARE_LANE_AT, 'a full batch flushes on the first turn');
+    f.inFlight.get(0)!.release();
+    await Promise.all(many);
   });
 });

@@ -10,7 +10,7 @@ import { submitBatch, submitMetered, isRefused, type NewRequest, type Submitted,
 import { RateLimitRefusal, type Refused } from '../../db/rate-limits.ts';
 import { acceptedAttempt } from '../../db/attempts.ts';
 import type { NewSubmission, RunWhereAccepted, Submitter } from '../../deps.ts';
-import { createBatcher, SPARE_LANE_AT } from '../../core/batcher.ts';
+import { createBatcher, LINGER_TURNS, SPARE_LANE_AT } from '../../core/batcher.ts';
 import { WRITER_SHARD } from '../../db/counters.ts';
 import { TRACING, traceFlush } from '../../trace.ts';
 import { tracer } from '../../telemetry/tracing.ts';
@@ -40,7 +40,7 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
       if (tracer !== null) return tracedFlush('accept:', batch.map((r) => r.id), lane, flush);
       return TRACING ? traceFlush(batch.map((r) => r.id), 'accept', flush) : flush();
     },
-    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT },
+    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },
   );
   // A repeat after a lost connection finds what the first try committed (see submitBatch).
   const commitOnce = (request: NewRequest): Promise<Submitted | Refused | null> => {
