@@ -84,8 +84,10 @@ export function createBatcher<T, R>(flush: (items: T[], lane: number) => Promise
   // else that turn brought) or waits for this one.
   const run = async (lane: number): Promise<void> => {
     while (mayFlush(true)) {
-      await linger();
-      if (queue.length === 0) break; // a spare lane took them meanwhile
+      if (lingerTurns > 0) {
+        await linger();
+        if (queue.length === 0) break; // a spare lane took them meanwhile
+      }
       const batch = take();
       inFlight += batch.length;
       schedule();
