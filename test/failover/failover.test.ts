@@ -21,7 +21,7 @@ const FAILOVERS = 3;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const progress = (line: string) => process.stderr.write(`      [failover] ${line}\n`);
 
-type Round = { kind: 'failover' | 'switchover'; from: number; to: number; writableAt: number; ops: Op[] };
+type Round = { kind: 'failover' | 'switchover'; from: number; to: number; writableAt: number; ops: Op[]; manager: string[] };
 
 /** The first request each api process accepted (202) at or after `t`. */
 const firstAccepted = (ops: readonly Op[], t: number) => {
@@ -119,31 +119,34 @@ describe('a primary that fails over', function () {
       }
     };
     let summary;
+    let watch: ReturnType<HaCluster['watch']> | null = null;
     try {
       for (let i = 0; i <= FAILOVERS; i++) {
         const primary = await cluster.healthy();
         const standby = cluster.nodes.find((n) => n !== primary)!;
         await sleep(2000);
         const from = Date.now();
+        watch = cluster.watch();
         if (i < FAILOVERS) {
           cluster.kill(primary);
           const writableAt = await cluster.writable(standby);
           // Sarsen accepts again: every api process (their first 202 since).
           await acceptingAgain(writableAt);
-          rounds.push({ kind: 'failover', from, to: Date.now(), writableAt, ops: [] });
+          rounds.push({ kind: 'failover', from, to: Date.now(), writableAt, ops: [], manager: await watch.stop() });
           progress(`failover ${i + 1}: ${primary.name} killed, ${standby.name} writable after ${writableAt - from} ms, every api process accepting`);
           cluster.restart(primary); // it rejoins as the standby
         } else {
           await cluster.switchover();
           const writableAt = await cluster.writable(standby);
           await acceptingAgain(writableAt);
-          rounds.push({ kind: 'switchover', from, to: Date.now(), writableAt, ops: [] });
+          rounds.push({ kind: 'switchover', from, to: Date.now(), writableAt, ops: [], manager: await watch.stop() });
           progress(`switchover: ${standby.name} writable after ${writableAt - from} ms, every api process accepting`);
         }
       }
       await cluster.healthy();
       await sleep(2000);
     } finally {
+      await watch?.stop(); // (a round that threw leaves its watch running)
       summary = await load.stop();
       sampling = false;
       await sampler;
@@ -167,14 +170,21 @@ describe('a primary that fails over', function () {
           + ` ${r.ops.filter((o) => o.status >= 500 && o.status !== 503).length} other 5xx; streams ${streams.filter((o) => o.stream === 'finished').length} finished,`
           + ` ${streams.filter((o) => o.stream === 'superseded').length} superseded, ${streams.filter((o) => o.stream !== 'finished' && o.stream !== 'superseded').length} cut`,
       );
+      for (const line of r.manager) console.log(`        ${line}`);
     }
     console.log(`      all: ${tally(summary.ops)}; ${check.requests} requests, ${summary.accepted.length} accepted by 202, lost ${check.lostAccepted.length}`);
 
+    // What a failure message shows (each round's steps as the manager took them are printed
+    // above): when the calls concerned were made, and what the api processes warned of.
+    const warned = () => apis.flatMap((a) => a.output().split('\n').filter((l) => /"level":"(warn|error)"/.test(l))).slice(-30).join('\n');
+    const at = (ms: number) => { const r = rounds.find((x) => ms >= x.from - 2000 && ms <= x.to); return r ? `${r.kind} +${ms - r.from} ms` : new Date(ms).toISOString(); };
+    const when = (ops: readonly { api: number; at?: number; endedAt?: number }[]) => ops.slice(0, 10).map((o) => `api ${o.api} at ${at(o.at ?? o.endedAt!)}`).join('; ');
+    const lost = summary.accepted.filter((a) => check.lostAccepted.includes(a.id));
+    expect(check.lostAccepted, `acknowledged requests lost (${when(lost)})`).to.deep.equal([]);
     expect(summary.errors, summary.errors.join('\n')).to.deep.equal([]);
     expect(summary.mismatches, `${summary.mismatches.join('\n')}\n${await explain(summary.mismatches)}`).to.deep.equal([]);
     const faults = summary.ops.filter((o) => o.status >= 500 && o.status !== 503);
-    const said = () => apis.flatMap((a) => a.output().split('\n').filter((l) => /"message":"unexpected fault"/.test(l))).slice(0, 5).join('\n');
-    expect(faults, `no 5xx but 503; the api processes said:\n${faults.length ? said() : ''}`).to.deep.equal([]);
+    expect(faults, `no 5xx but 503 (${when(faults)}); the api processes said:\n${faults.length ? warned() : ''}`).to.deep.equal([]);
     expect(summary.ops.filter((o) => o.status >= 300 && o.status < 500)).to.deep.equal([]);
     expect(summary.ops.filter((o) => o.status === 503 && !o.retryAfter), '503 carries Retry-After').to.deep.equal([]);
     // Refused only until the process reached the new primary: no 503 once it accepted again.
@@ -186,7 +196,6 @@ describe('a primary that fails over', function () {
     const switchover = rounds.find((r) => r.kind === 'switchover')!;
     expect(switchover.ops.filter((o) => o.status >= 300 && o.status !== 503), 'switchover: no error but 503').to.deep.equal([]);
     expect(summary.ops.filter((o) => o.stream && o.stream !== 'finished' && o.stream !== 'superseded'), 'streams cut short').to.deep.equal([]);
-    expect(check.lostAccepted, 'acknowledged requests lost').to.deep.equal([]);
     const logs = () => executors.map((e) => e.output().split('\n').filter((l) => /job queue|graphile|"level":"(warn|error)"/.test(l)).slice(-20).join('\n')).join('\n---\n');
     expect(check.unfinished, `requests that never settled; the executors said:\n${check.unfinished.length ? logs() : ''}`).to.deep.equal([]);
     expect(check.doubleCalls, 'provider calls beyond one per attempt').to.deep.equal([]);

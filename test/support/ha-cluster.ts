@@ -33,6 +33,12 @@ export type HaCluster = {
   startMonitor(): Promise<void>;
   /** pg_autoctl perform switchover: the secondary becomes primary, the primary secondary. */
   switchover(): Promise<void>;
+  /**
+   * Samples, every `everyMs`, each node's role and synchronous_standby_names and the monitor's
+   * states, and keeps a line whenever one changes: what a failure message shows
+   * of the manager's steps. `stop` ends the sampling and returns the lines.
+   */
+  watch(everyMs?: number): { stop(): Promise<string[]> };
   stop(): Promise<void>;
 };
 
@@ -224,6 +230,45 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
       // (Not execFileSync: the load runs on this event loop meanwhile.)
       const [file, argv] = command(['perform', 'switchover', '--pgdata', monitorData, '--wait', '120']);
       await promisify(execFile)(file, argv, { env, cwd: dir, timeout: 180_000 });
+    },
+    watch(everyMs = 200) {
+      const lines: string[] = [];
+      const last = new Map<string, string>();
+      const t0 = Date.now();
+      const note = (who: string, what: string) => {
+        if (last.get(who) === what) return;
+        last.set(who, what);
+        lines.push(`+${Date.now() - t0} ms ${who}: ${what}`);
+      };
+      let running = true;
+      const loop = (async () => {
+        while (running) {
+          await Promise.all([
+            states().then(
+              (s) => note('monitor', s.map((r) => `${r.nodename} ${r.reportedstate}->${r.goalstate}`).sort().join(', ')),
+              (e: Error) => note('monitor', `(${e.message})`),
+            ),
+            ...nodes.map((n) =>
+              query<{ standby: boolean; sync: string }>(
+                n.port,
+                database,
+                `SELECT pg_is_in_recovery() AS standby, current_setting('synchronous_standby_names') AS sync`,
+              ).then(
+                ([r]) => note(n.name, r ? `${r.standby ? 'standby' : 'primary'} sync='${r.sync}'` : '(no row)'),
+                (e: Error) => note(n.name, `(${e.message.slice(0, 80)})`),
+              ),
+            ),
+          ]);
+          await sleep(everyMs);
+        }
+      })();
+      return {
+        async stop() {
+          running = false;
+          await loop;
+          return lines;
+        },
+      };
     },
     stop,
   };

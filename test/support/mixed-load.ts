@@ -14,7 +14,7 @@ export type OpKind = 'sync' | 'stream' | 'submit' | 'submit-stream' | 'duplicate
 export type StreamEnd = 'finished' | 'superseded' | 'reset' | 'mismatch';
 
 export type Op = { kind: OpKind; api: number; startedAt: number; endedAt: number; status: number; detail?: string; stream?: StreamEnd; retryAfter?: string };
-export type Accepted = { id: string; marker: string; streaming: boolean; api: number };
+export type Accepted = { id: string; marker: string; streaming: boolean; api: number; at: number };
 
 export type LoadSummary = {
   ops: Op[];
@@ -175,7 +175,7 @@ export function startMixedLoad(apis: readonly string[], tenant: LoadTenant, opts
       }
       const streaming = kind === 'submit-stream';
       const r = await call(api, '/requests', { method: 'POST', headers, body: body(marker, streaming) });
-      if (r.status === 202) accepted.push({ id: (JSON.parse(r.text) as { request_id: string }).request_id, marker, streaming, api });
+      if (r.status === 202) accepted.push({ id: (JSON.parse(r.text) as { request_id: string }).request_id, marker, streaming, api, at: Date.now() });
       record({ kind, api, status: r.status, ...(r.status === 202 ? {} : refusal(r)) });
     } catch (err) {
       errors.push(`${kind} to api ${api}: ${(err as Error).message}`);
