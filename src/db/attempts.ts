@@ -10,7 +10,7 @@ import type { BackendForCall } from './backends.ts';
 import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
 import { addToRollup, addToKeyHour, shard } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { batchInput, namedParams, withParts, type Part } from './columns.ts';
+import { batchInput, namedParams, oneOfIds, withParts, type Part } from './columns.ts';
 import { appendAttempt } from './attempt-log.ts';
 import { tokenChargePart, type KeyLimits } from './rate-limits.ts';
 
@@ -62,7 +62,7 @@ const CLAIM_SQL = withParts(
          started_at = coalesce(q.started_at, now()), next_retry_at = NULL, stream_first_seq = q.seq_high + 1,
          attempt_started_at = now()
     FROM (SELECT DISTINCT id FROM ${CLAIM_INPUT.unnest('t')}) AS i
-   WHERE q.id = i.id AND q.id = ANY(${CLAIM_IDS}) AND q.status = 'pending'
+   WHERE q.id = i.id AND ${oneOfIds('q.id', CLAIM_IDS)} AND q.status = 'pending'
   RETURNING q.id, q.attempts, q.namespace_id, q.api_key_id, q.backend_id, q.dialect, q.streaming, q.forwarded_headers,
             q.hops, q.stream_first_seq, q.cancel_requested, q.token_limited, q.upstream_model, q.recoveries, q.trace_parent`,
     },
@@ -71,7 +71,7 @@ const CLAIM_SQL = withParts(
        c.cancel_requested, c.token_limited, c.upstream_model, c.recoveries, c.trace_parent, b.body, k.sealed AS sealed_credential,
        bk.id AS backend_id, bk.namespace_id AS backend_namespace_id, bk.kind, bk.dialect AS backend_dialect, bk.address,
        bk.credential_source, bk.credential_sealed
-  FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id AND b.request_id = ANY(${CLAIM_IDS})
+  FROM claimed c JOIN sarsen.request_bodies b ON b.request_id = c.id AND ${oneOfIds('b.request_id', CLAIM_IDS)}
   LEFT JOIN sarsen.request_credentials k ON k.request_id = c.id AND k.request_id = ANY(${CLAIM_IDS})
   LEFT JOIN sarsen.backends bk ON bk.id = c.backend_id`,
 );
@@ -172,7 +172,7 @@ const RENEW_SQL = withParts(
       name: 'renewed',
       sql: `UPDATE sarsen.requests q SET lease_expires_at = ${RENEWED_UNTIL}
     FROM ${RENEW_INPUT.unnest('a')}
-   WHERE q.id = a.id AND q.id = ANY(${RENEW_INPUT.array('id')}) AND q.attempts = a.attempt AND q.status = 'running'
+   WHERE q.id = a.id AND ${oneOfIds('q.id', RENEW_INPUT.array('id'))} AND q.attempts = a.attempt AND q.status = 'running'
   RETURNING q.id, a.job_id, q.cancel_requested`,
     },
     // An attempt claimed at acceptance keeps its backstop job due at its lease's end.
@@ -283,7 +283,7 @@ const SETTLE_PARTS: readonly Part[] = [
          -- An answer the cache may not serve loses the key it would be found under.
          cache_key = CASE WHEN i.cacheable THEN q.cache_key END
     FROM input i JOIN cost c ON c.id = i.id
-   WHERE q.id = i.id AND q.id = ANY(${SETTLED_IDS}) AND q.attempts = i.attempt AND q.status = 'running'
+   WHERE q.id = i.id AND ${oneOfIds('q.id', SETTLED_IDS)} AND q.attempts = i.attempt AND q.status = 'running'
   RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
             i.prompt, i.completion, i.total, i.sent, i.received, i.job_id,
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).

@@ -6,7 +6,7 @@ import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
 import { addToRollup, WRITER_SHARD } from './counters.ts';
 import { notifyEvents } from './events.ts';
-import { batchInput, bytesFrom, selectBytes, withParts, type Bytes } from './columns.ts';
+import { batchInput, bytesFrom, notBelowIds, oneOfIds, selectBytes, withParts, type Bytes } from './columns.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
 
@@ -54,7 +54,7 @@ const STORE_SQL = withParts(
       // this commits.
       sql: `SELECT q.id, q.attempts AS attempt, q.namespace_id FROM sarsen.requests q
     JOIN (SELECT DISTINCT request_id, attempt FROM input) AS i ON q.id = i.request_id AND q.attempts = i.attempt
-   WHERE q.id = ANY(${STORE_INPUT.array('request_id')}) AND q.status = 'running'
+   WHERE ${oneOfIds('q.id', STORE_INPUT.array('request_id'))} AND q.status = 'running'
      FOR SHARE OF q`,
     },
     {
@@ -81,6 +81,7 @@ const STORE_SQL = withParts(
   SELECT request_id, attempt, last_seq, 0 FROM (
     SELECT m.request_id, m.attempt, m.last_seq,
            EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = m.request_id AND k.last_seq = m.last_seq
+                      AND ${notBelowIds('k.request_id', STORE_INPUT.array('request_id'))}
                       AND k.attempt = m.attempt AND k.frames = m.frames) AS stored
       FROM missed m
   ) AS again WHERE stored`,

@@ -138,6 +138,17 @@ export function namedParams<S extends Record<string, unknown>>(types: { readonly
   return { param: input.param, values: (given) => input.values([], given) };
 }
 
+/**
+ * SQL: `column` is at least the least id of the array parameter `ids`. A bound the executor
+ * evaluates as it starts, so a generic plan of a partitioned table prunes every partition below
+ * the batch's oldest id before opening one (migration 027; docs/storage.md "Cost of many
+ * partitions"). Without it, a statement naming its rows by an array probes every partition.
+ */
+export const notBelowIds = (column: string, ids: string): string => `${column} >= sarsen.least_id(${ids})`;
+
+/** SQL: `column` is one of the ids of the array parameter `ids`, the partitions below them pruned (notBelowIds). */
+export const oneOfIds = (column: string, ids: string): string => `${column} = ANY(${ids}) AND ${notBelowIds(column, ids)}`;
+
 /** One named part of a statement: `name AS [MATERIALIZED] (sql)` in its WITH list. */
 export type Part = Readonly<{ name: string; sql: string; materialized?: boolean }>;
 

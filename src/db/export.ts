@@ -4,6 +4,7 @@
 import type { Pool } from './pool.ts';
 import { firstIdAt } from '../core/ids.ts';
 import { LISTING_COLUMNS, LISTING_FROM, type ListingRow } from './accounting.ts';
+import { oneOfIds } from './columns.ts';
 
 type Db = Pick<Pool, 'query'>;
 
@@ -47,8 +48,8 @@ export async function payloads(db: Db, ids: readonly string[], inlineBytes: numb
     `SELECT i.id, b.body, r.status AS response_status, r.content_type AS response_content_type, octet_length(r.body) AS response_length,
             CASE WHEN octet_length(r.body) <= $2 THEN encode(r.body, 'base64') END AS response_base64
        FROM unnest($1::text[]) AS i(id)
-       LEFT JOIN sarsen.request_bodies b ON b.request_id = i.id AND b.request_id = ANY($1::text[])
-       LEFT JOIN sarsen.responses r ON r.request_id = i.id AND r.request_id = ANY($1::text[])`,
+       LEFT JOIN sarsen.request_bodies b ON b.request_id = i.id AND ${oneOfIds('b.request_id', '$1::text[]')}
+       LEFT JOIN sarsen.responses r ON r.request_id = i.id AND ${oneOfIds('r.request_id', '$1::text[]')}`,
     [ids, inlineBytes],
   );
   return rows;
@@ -71,7 +72,7 @@ export async function answerSlice(db: Db, id: string, from: number, length: numb
 export async function frameRows(db: Db, ids: readonly string[], after: { id: string; seq: number } | null, rows: number): Promise<{ request_id: string; last_seq: number; frames: Buffer }[]> {
   const { rows: found } = await db.query<{ request_id: string; last_seq: number; frames: string }>(
     `SELECT request_id, last_seq, encode(frames, 'base64') AS frames FROM sarsen.chunks
-      WHERE request_id = ANY($1::text[]) AND (request_id, last_seq) > ($2, $3)
+      WHERE ${oneOfIds('request_id', '$1::text[]')} AND (request_id, last_seq) > ($2, $3)
       ORDER BY request_id, last_seq LIMIT $4`,
     [ids, after?.id ?? '', after?.seq ?? -1, rows],
   );

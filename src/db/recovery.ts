@@ -6,7 +6,7 @@ import { addToRollup, shard } from './counters.ts';
 import { enqueueSql, retireJobsSql, staleLockedJobKeysSql, RECOVERY_PRIORITY } from './jobs.ts';
 import { notifyEvents } from './events.ts';
 import { appendAttempt, type Ending } from './attempt-log.ts';
-import { batchInput, withParts } from './columns.ts';
+import { batchInput, oneOfIds, withParts } from './columns.ts';
 
 export type Recovered = { id: string; attempt: number };
 /** An attempt to re-dispatch, and how its log entry says it ended. */
@@ -39,7 +39,7 @@ const REQUEUE_SQL = withParts(
     {
       name: 'discarded',
       sql: `DELETE FROM sarsen.chunks k USING victims v
-   WHERE k.request_id = v.id AND k.attempt = v.attempt
+   WHERE k.request_id = v.id AND ${oneOfIds('k.request_id', VICTIMS.array('id'))} AND k.attempt = v.attempt
   RETURNING k.request_id, k.last_seq, octet_length(k.frames) AS bytes`,
     },
     { name: 'freed', sql: `SELECT request_id, sum(bytes) AS bytes, max(last_seq) AS last_seq FROM discarded GROUP BY request_id` },
@@ -50,7 +50,7 @@ const REQUEUE_SQL = withParts(
          next_retry_at = NULL, seq_high = greatest(q.seq_high, coalesce(f.last_seq, 0)),
          attempt_log = ${appendAttempt('q', { ending: 'v.ending' })}, attempt_started_at = NULL
     FROM victims v LEFT JOIN freed f ON f.request_id = v.id
-   WHERE q.id = v.id AND q.id = ANY(${VICTIMS.array('id')}) AND q.attempts = v.attempt AND q.status = 'running'
+   WHERE q.id = v.id AND ${oneOfIds('q.id', VICTIMS.array('id'))} AND q.attempts = v.attempt AND q.status = 'running'
   RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes`,
     },
     {

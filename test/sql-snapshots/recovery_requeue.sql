@@ -2,7 +2,7 @@ WITH victims AS (
   SELECT * FROM unnest($1::text[], $2::int[], $3::text[]) AS v(id, attempt, ending)
 ), discarded AS (
   DELETE FROM sarsen.chunks k USING victims v
-   WHERE k.request_id = v.id AND k.attempt = v.attempt
+   WHERE k.request_id = v.id AND k.request_id = ANY($1::text[]) AND k.request_id >= sarsen.least_id($1::text[]) AND k.attempt = v.attempt
   RETURNING k.request_id, k.last_seq, octet_length(k.frames) AS bytes
 ), freed AS (
   SELECT request_id, sum(bytes) AS bytes, max(last_seq) AS last_seq FROM discarded GROUP BY request_id
@@ -15,7 +15,7 @@ WITH victims AS (
     'outcome', v.ending::text, 'status', NULL::int, 'retry_after', NULL::text,
     'error', NULL::text))) END, attempt_started_at = NULL
     FROM victims v LEFT JOIN freed f ON f.request_id = v.id
-   WHERE q.id = v.id AND q.id = ANY($1::text[]) AND q.attempts = v.attempt AND q.status = 'running'
+   WHERE q.id = v.id AND q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.attempts = v.attempt AND q.status = 'running'
   RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes
 ), unstored AS (
   INSERT INTO sarsen.usage_rollup (namespace_id, shard, chunk_bytes)

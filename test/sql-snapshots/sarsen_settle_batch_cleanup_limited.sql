@@ -22,7 +22,7 @@ WITH input AS (
          -- An answer the cache may not serve loses the key it would be found under.
          cache_key = CASE WHEN i.cacheable THEN q.cache_key END
     FROM input i JOIN cost c ON c.id = i.id
-   WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
+   WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
   RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
             i.prompt, i.completion, i.total, i.sent, i.received, i.job_id,
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).

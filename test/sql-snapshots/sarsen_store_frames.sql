@@ -4,7 +4,7 @@ WITH input AS (
 ), fenced AS (
   SELECT q.id, q.attempts AS attempt, q.namespace_id FROM sarsen.requests q
     JOIN (SELECT DISTINCT request_id, attempt FROM input) AS i ON q.id = i.request_id AND q.attempts = i.attempt
-   WHERE q.id = ANY($1::text[]) AND q.status = 'running'
+   WHERE q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.status = 'running'
      FOR SHARE OF q
 ), inserted AS (
   INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
@@ -20,6 +20,7 @@ WITH input AS (
   SELECT request_id, attempt, last_seq, 0 FROM (
     SELECT m.request_id, m.attempt, m.last_seq,
            EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = m.request_id AND k.last_seq = m.last_seq
+                      AND k.request_id >= sarsen.least_id($1::text[])
                       AND k.attempt = m.attempt AND k.frames = m.frames) AS stored
       FROM missed m
   ) AS again WHERE stored
