@@ -112,6 +112,15 @@ describe('batch statements on partitioned tables', function () {
     });
   }
 
+  it('bounds by the least id of an array, and by nothing (the empty string) for none', async () => {
+    const { rows } = await pool.query<Record<string, string>>(
+      `SELECT sarsen.least_id($1::text[]) AS ids, sarsen.least_id(NULL) AS "null", sarsen.least_id('{}') AS empty, sarsen.least_id('{NULL,NULL}') AS nulls,
+              sarsen.least_id(ARRAY[NULL, $2, $3]) AS mixed`,
+      [[...ids].reverse(), ids[1], ids[0]],
+    );
+    expect(rows[0]).to.deep.equal({ ids: ids[0], null: '', empty: '', nulls: '', mixed: ids[0] });
+  });
+
   it('claims, renews, stores frames of and settles requests whose ids fall in different partitions, in one batch each', async () => {
     const submissions: NewRequest[] = ids.map((id) => ({
       id, tenancyId: 'ten_p', namespaceId: 'ns_p', apiKeyId: 'key_p', backendId: 'bk_p', fallbackBackendIds: [], dialect: 'chat', streaming: true,
