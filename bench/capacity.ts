@@ -44,7 +44,7 @@ import { runLongStreams, type LongResult, type LongShape, type LongSide } from '
 import { allowedCpus, assertPinned, cpusBusyMs, hasTaskset, parseCpuList, pin, pinTree } from './lib/pin.ts';
 import { startOwnedPostgres, type OwnedPostgres } from './lib/owned-postgres.ts';
 import { settledDbCost, costBetween, statementCounts, busiestStatements, type DbCost, type StatementCounts } from './lib/db-cost.ts';
-import { fmt, table, verdict } from './lib/stats.ts';
+import { fmt, median, table, verdict } from './lib/stats.ts';
 import { benchArgs } from './lib/args.ts';
 
 const PART_NAMES = ['requests', 'streams'];
@@ -382,11 +382,6 @@ function busiestReport(what: string, unit: string, db: DbWork): void {
 
 function sumCosts(costs: DbCost[]): DbCost {
   return costs.reduce((a, b) => Object.fromEntries(Object.keys(a).map((k) => [k, a[k as keyof DbCost] + b[k as keyof DbCost]])) as DbCost);
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 === 1 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 }
 
 function dbCostRow(what: string, d: DbCost, n: number): string[] {

@@ -7,7 +7,10 @@
 // (lib/relay-process.ts): the least any Node proxy spends on this machine.
 //
 //   nonstream     closed loop at --concurrency (default 1,16,64) on each side, with each side's
-//                 slowest request and how many took over a second
+//                 slowest request and how many took over a second; --rounds (3) rounds, each
+//                 measuring every side at every level in turn: each target is judged by the
+//                 median of the rounds' own figures, so that the machine's drift between runs
+//                 minutes apart (a tenth and more) weighs on both sides alike
 //   accept        POST /requests at c=64 (after a warm-up of its own), then the backlog it accepted
 //                 drained to terminal states; then twice more each with a key that has rate limits
 //                 (set too high to refuse) and without, in turn: what the limit check costs
@@ -27,7 +30,7 @@
 //                 --child-env passed on, and --capacity-arg)
 //
 // Sarsen runs with --processes 1 (--sarsen-processes N for the phases but the last).
-// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --phases nonstream,accept,cache,streams,many,longstreams,processes,capacity --allow-non-durable]
+// Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --rounds 3 --phases nonstream,accept,cache,streams,many,longstreams,processes,capacity --allow-non-durable]
 // Needs wrk (Debian: apt-get install wrk). PostgreSQL must be durable (see lib/database.ts).
 import fs from 'node:fs';
 import os from 'node:os';
@@ -49,7 +52,7 @@ import { machineCpuMs, postmasterPid, serverCpuMs } from './lib/cpu.ts';
 import { treeCpuMs, sampleTreeRss } from './lib/process-tree.ts';
 import { createAgent, streamOnce } from './lib/stream-client.ts';
 import { runLongStreams, longStreamsReport, type LongResult, type LongShape, type LongSide } from './lib/long-streams.ts';
-import { summarise, fmt, table, verdict } from './lib/stats.ts';
+import { summarise, fmt, median, table, verdict } from './lib/stats.ts';
 import { traceReport, type TraceWindow } from './lib/trace-report.ts';
 import { benchArgs } from './lib/args.ts';
 
@@ -58,6 +61,7 @@ const args = benchArgs({
   seconds: { type: 'string', default: '8' },
   warmup: { type: 'string', default: '2' },
   concurrency: { type: 'string', default: '1,16,64' },
+  rounds: { type: 'string', default: '3' },
   'accept-concurrency': { type: 'string', default: '64' },
   'concurrent-streams': { type: 'string', default: '256' },
   many: { type: 'string', default: '1000' },
@@ -83,6 +87,7 @@ const args = benchArgs({
 const SECONDS = Number(args.seconds);
 const WARMUP = Number(args.warmup);
 const LEVELS = args.concurrency.split(',').map(Number);
+const ROUNDS = Number(args.rounds);
 const ACCEPT_C = Number(args['accept-concurrency']);
 // Runs with rate limits on in the accept phase, each followed by one without.
 const LIMIT_PAIRS = 2;
@@ -94,8 +99,8 @@ const SARSEN_PROCESSES = Number(args['sarsen-processes']);
 const PROCESSES_C = 64;
 const PHASES = new Set(args.phases.split(','));
 for (const p of PHASES) if (!PHASE_NAMES.includes(p)) throw new Error(`unknown phase ${p}; the phases are ${PHASE_NAMES.join(', ')}`);
-if (![SECONDS, WARMUP, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, LONG.streams, LONG.frames, LONG.frameMs, ...LEVELS].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1 || LONG.frames < 2 || !(LONG.arrivalMs > 0) || !(SARSEN_PROCESSES >= 1)) {
-  throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --concurrent-streams N --many N --stream-seconds N --streams N --frames N (≥ 2) --frame-ms N --arrival-s S --sarsen-processes N');
+if (![SECONDS, WARMUP, ROUNDS, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, LONG.streams, LONG.frames, LONG.frameMs, ...LEVELS].every((n) => Number.isInteger(n) && n >= 0) || SECONDS < 1 || ROUNDS < 1 || LONG.frames < 2 || !(LONG.arrivalMs > 0) || !(SARSEN_PROCESSES >= 1)) {
+  throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --rounds N (≥ 1) --concurrent-streams N --many N --stream-seconds N --streams N --frames N (≥ 2) --frame-ms N --arrival-s S --sarsen-processes N');
 }
 const CHILD_ENV: Record<string, string> = childEnv(args['child-env']);
 // Traced runs keep their files for a closer look.
@@ -194,7 +199,7 @@ async function main(): Promise<void> {
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}`);
     out(`node ${process.version}; load generator ${wrk}; gateway @portkey-ai/gateway ${gateway.version}; provider: a Node process answering at once (streams: ${FRAMES} frames ${PACE_MS} ms apart)`);
     out(`database: ${db.describe}`);
-    out(`Sarsen: role both, --processes ${SARSEN_PROCESSES} (the processes phase: 1 and 2)${args['sarsen-arg'].map((a) => ` ${a}`).join('')}, ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases, another for the streaming ones, another for the long streams; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase; every body distinct`);
+    out(`Sarsen: role both, --processes ${SARSEN_PROCESSES} (the processes phase: 1 and 2)${args['sarsen-arg'].map((a) => ` ${a}`).join('')}, ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases, another for the streaming ones, another for the long streams; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase (non-streaming: ${ROUNDS} rounds of every side at every level); every body distinct`);
     out();
 
     const auth = { authorization: 'Bearer sk-bench-direct', 'content-type': 'application/json' };
@@ -228,25 +233,28 @@ async function main(): Promise<void> {
       };
     };
 
-    // Non-streaming, closed loop.
-    const nonStream = new Map<number, Map<string, Measured>>();
+    // Non-streaming, closed loop: rounds of every side at every level.
+    const nonStream = new Map<number, Map<string, Measured>[]>(LEVELS.map((c) => [c, []]));
     let acceptance: Report['acceptance'] = null;
     let cache: CacheLatency | null = null;
     if (has('nonstream', 'accept', 'cache')) {
       const s = await freshSarsen('the request/response phases', provider.url);
       const viaRelay = PHASES.has('nonstream') ? await relayTo(provider.url) : null;
-      for (const c of PHASES.has('nonstream') ? LEVELS : []) {
-        const row = new Map<string, Measured>();
-        for (const side of [direct, viaGateway, viaRelay!, s.side]) {
-          progress(`non-streaming c=${c}: ${side.name}`);
-          row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
+      for (let round = 1; round <= (PHASES.has('nonstream') ? ROUNDS : 0); round++) {
+        for (const c of LEVELS) {
+          const row = new Map<string, Measured>();
+          for (const side of [direct, viaGateway, viaRelay!, s.side]) {
+            progress(`non-streaming c=${c}, round ${round} of ${ROUNDS}: ${side.name}`);
+            row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
+          }
+          nonStream.get(c)!.push(row);
         }
-        nonStream.set(c, row);
       }
 
       // Fire-and-forget acceptance, then the backlog drained.
       if (PHASES.has('accept')) {
-        let gateway = nonStream.get(ACCEPT_C)?.get('gateway');
+        // The gateway's round of median throughput at that level, if it was measured.
+        let gateway = middle((nonStream.get(ACCEPT_C) ?? []).map((row) => row.get('gateway')!), (m) => m.rate);
         if (!gateway) {
           progress(`non-streaming c=${ACCEPT_C}: gateway (the acceptance target's comparator)`);
           gateway = await measure(viaGateway, ACCEPT_C, chatBody(false), SECONDS, WARMUP);
@@ -439,7 +447,8 @@ async function drained(pool: pg.Pool, since: Date): Promise<{ backlog: number; m
 }
 
 type Report = {
-  nonStream: Map<number, Map<string, Measured>>;
+  /** By concurrency, each round's runs by side. */
+  nonStream: Map<number, Map<string, Measured>[]>;
   acceptance: {
     accepted: Measured; gateway: Measured; drain: { backlog: number; ms: number; executions: number; rate: number };
     /** Runs with a limited key, each between two runs without (`limitsOff`, the first being `accepted`). */
@@ -454,9 +463,6 @@ type Report = {
 
 function report(r: Report): void {
   const cores = (m: Measured) => `${fmt(m.cpu, 2)} / ${fmt(m.pgCpu, 2)}`;
-  const gw = (c: number) => r.nonStream.get(c)?.get('gateway');
-  const via = (c: number) => r.nonStream.get(c)?.get('sarsen');
-  const dir = (c: number) => r.nonStream.get(c)?.get('direct');
   const failed = (m: Measured | undefined) => (m ? m.non2xx + m.errors.connect + m.errors.read + m.errors.write + m.errors.timeout : NaN);
   const slowest = (m: Measured) => `max ${fmt(m.maxMs, 0)} ms${m.errors.timeout > 0 ? ` (and ${m.errors.timeout} timeouts over 10 s)` : ''}, ${m.overOneSecond} over 1 s`;
   const targets: string[][] = [];
@@ -465,33 +471,35 @@ function report(r: Report): void {
   const noteRun = (what: string, m: Measured) => sarsenRuns.push({ what, maxMs: m.errors.timeout > 0 ? Infinity : m.maxMs, over: m.overOneSecond });
 
   if (PHASES.has('nonstream')) {
-    out('Non-streaming, closed loop, provider answering at once (latency in ms; CPU in cores: the side\'s process / PostgreSQL; relay: a bare Node relay that stores nothing, the least a Node proxy spends)');
+    out(`Non-streaming, closed loop, provider answering at once, ${ROUNDS} rounds of every side at every level (latency in ms; CPU in cores: the side's process / PostgreSQL; relay: a bare Node relay that stores nothing, the least a Node proxy spends)`);
     const rows: string[][] = [];
-    for (const [c, row] of r.nonStream) {
-      const direct = row.get('direct')!;
-      for (const [name, m] of row) {
-        rows.push([
-          String(c), name, fmt(m.rate, 0), name === 'direct' ? '' : fmt(m.rate / row.get('gateway')!.rate, 2),
-          fmt(m.p50Ms, 2), fmt(m.p90Ms, 2), fmt(m.p99Ms, 2), name === 'direct' ? '' : fmt(m.p50Ms - direct.p50Ms, 2),
-          name === 'direct' ? '' : fmt(m.p99Ms - direct.p99Ms, 2), fmt(m.maxMs, 0), String(m.overOneSecond), describeFailures(m), cores(m),
-        ]);
-        if (name === 'sarsen') noteRun(`c=${c}`, m);
-      }
+    for (const [c, rounds] of r.nonStream) {
+      rounds.forEach((row, i) => {
+        const direct = row.get('direct')!;
+        for (const [name, m] of row) {
+          rows.push([
+            String(c), String(i + 1), name, fmt(m.rate, 0), name === 'direct' ? '' : fmt(m.rate / row.get('gateway')!.rate, 2),
+            fmt(m.p50Ms, 2), fmt(m.p90Ms, 2), fmt(m.p99Ms, 2), name === 'direct' ? '' : fmt(m.p50Ms - direct.p50Ms, 2),
+            name === 'direct' ? '' : fmt(m.p99Ms - direct.p99Ms, 2), fmt(m.maxMs, 0), String(m.overOneSecond), describeFailures(m), cores(m),
+          ]);
+          if (name === 'sarsen') noteRun(`c=${c}, round ${i + 1}`, m);
+        }
+      });
     }
-    out(table(['c', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'max', '> 1 s', 'failures', 'CPU'], rows));
+    out(table(['c', 'round', 'side', 'req/s', '× gateway', 'p50', 'p90', 'p99', '+p50', '+p99', 'max', '> 1 s', 'failures', 'CPU'], rows));
     out();
-    const added = (c: number, p: 'p50Ms' | 'p99Ms') => {
-      const m = via(c);
-      if (!m) return NaN; // not measured
-      if (m.requests === 0) return Infinity; // nothing completed: MISSED, not a negative figure
-      return m[p] - (dir(c)?.[p] ?? NaN);
+    // Each round's own figure at a level; the target is judged by their median.
+    const judged = (what: string, c: number, figure: (row: Map<string, Measured>) => number, target: number, better: 'higher' | 'lower', unit: string) => {
+      const xs = (r.nonStream.get(c) ?? []).map(figure);
+      const m = median(xs);
+      targets.push([`${what}${xs.length > 1 ? ` (median of ${xs.map((x) => fmt(x, 2)).join(', ')})` : ''}`, `${better === 'higher' ? '≥' : '≤'} ${unit === 'ms' ? `${target} ms` : fmt(target, 1)}`, fmt(m, 2), verdict(m, target, better, unit)]);
     };
-    const ratio = (c: number) => (via(c)?.rate ?? NaN) / (gw(c)?.rate ?? NaN);
-    targets.push(
-      ['non-stream req/s at c=64, × the gateway', '≥ 1.3', fmt(ratio(64), 2), verdict(ratio(64), 1.3, 'higher', '×')],
-      ['non-stream req/s at c=16, × the gateway', '≥ 1.0', fmt(ratio(16), 2), verdict(ratio(16), 1, 'higher', '×')],
-      ['added latency p50 at c=1', '≤ 2 ms', fmt(added(1, 'p50Ms'), 2), verdict(added(1, 'p50Ms'), 2, 'lower', 'ms')],
-    );
+    const ratio = (row: Map<string, Measured>) => row.get('sarsen')!.rate / row.get('gateway')!.rate;
+    // Nothing completed: MISSED, not a negative figure.
+    const added = (row: Map<string, Measured>) => (row.get('sarsen')!.requests === 0 ? Infinity : row.get('sarsen')!.p50Ms - row.get('direct')!.p50Ms);
+    judged('non-stream req/s at c=64, × the gateway', 64, ratio, 1.3, 'higher', '×');
+    judged('non-stream req/s at c=16, × the gateway', 16, ratio, 1, 'higher', '×');
+    judged('added latency p50 at c=1', 1, added, 2, 'lower', 'ms');
   }
 
   if (r.acceptance) {
@@ -598,6 +606,11 @@ function report(r: Report): void {
   out();
   out('Targets (docs/performance.md "Targets")');
   out(table(['measure', 'target', 'measured', 'verdict'], targets));
+}
+
+/** The element whose `key` is the median of theirs (the lower of the middle two for an even count). */
+function middle<T>(xs: readonly T[], key: (x: T) => number): T | undefined {
+  return [...xs].sort((a, b) => key(a) - key(b))[Math.floor((xs.length - 1) / 2)];
 }
 
 /** The capacity benchmark in a process of its own (it pins itself to CPUs), once this one's children are gone. */

@@ -28,7 +28,7 @@
 // Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3] [--limited] [--claim] [--frames 100] [--days 90] [--explain 64]
 import { benchDatabase } from './lib/database.ts';
 import { processCpuMs } from './lib/cpu.ts';
-import { fmt, percentile, table } from './lib/stats.ts';
+import { fmt, median, percentile, table } from './lib/stats.ts';
 import { createTestDatabase, shutdownDatabases } from '../test/support/db.ts';
 import { createBatchPool, type Pool } from '../src/db/pool.ts';
 import { ENSURE_TASK_SQL } from '../src/db/jobs.ts';
@@ -214,7 +214,6 @@ async function main(): Promise<void> {
     for (let r = 0; r < REPEAT; r++) {
       for (const size of SIZES) samples.push(await measure(pool, backend, size, Math.max(10, Math.round(ITEMS / size))));
     }
-    const median = (xs: number[]) => percentile(xs.sort((a, b) => a - b), 50);
     const bySize = SIZES.map((size) => {
       const of = samples.filter((s) => s.size === size);
       return {

@@ -7,6 +7,13 @@ export function percentile(sorted: ArrayLike<number>, p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.max(0, rank - 1))]!;
 }
 
+/** The middle of `xs` (the mean of the two middle values for an even count); NaN when empty. */
+export function median(xs: readonly number[]): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 === 1 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+}
+
 export type Summary = { count: number; mean: number; p50: number; p90: number; p99: number; max: number };
 
 /** Summary of latency samples in milliseconds (the input is not modified). */
