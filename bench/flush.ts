@@ -109,7 +109,7 @@ async function measure(pool: Pool, backend: number, size: number, rounds: number
     const batch = Array.from({ length: size }, submission);
     const own0 = process.cpuUsage();
     const t0 = process.hrtime.bigint();
-    const accepted = await submitBatch(pool, batch, SETTINGS, 0);
+    const accepted = await submitBatch(pool, batch, SETTINGS);
     const t1 = process.hrtime.bigint();
     writer(own0);
     const terminals = successes(accepted);
@@ -123,7 +123,7 @@ async function measure(pool: Pool, backend: number, size: number, rounds: number
     }
     const own1 = process.cpuUsage();
     const t2 = process.hrtime.bigint();
-    await settleBatch(pool, terminals, { metering: false, origin: 'wrk_flush', counterShard: 0 });
+    await settleBatch(pool, terminals, { metering: false, origin: 'wrk_flush' });
     settleNs += process.hrtime.bigint() - t2;
     writer(own1);
     submitNs += t1 - t0;
@@ -137,7 +137,7 @@ async function measure(pool: Pool, backend: number, size: number, rounds: number
 
 /** Flushes of one frame row for each of `streams` running requests, as the frame writer stores them. */
 async function frameFlushes(pool: Pool, backend: number, streams: number): Promise<void> {
-  const accepted = await submitBatch(pool, Array.from({ length: streams }, () => ({ ...submission(), streaming: true, owner: 'wrk_flush' })), SETTINGS, 0);
+  const accepted = await submitBatch(pool, Array.from({ length: streams }, () => ({ ...submission(), streaming: true, owner: 'wrk_flush' })), SETTINGS);
   const ids = successes(accepted).map((t) => t.id);
   const frame = Buffer.from(`data: {"choices":[{"delta":{"content":"${'y'.repeat(40)}"}}]}\n\n`);
   const flushes = Math.max(50, Math.round((20 * ITEMS) / streams));
@@ -162,10 +162,10 @@ async function statementOf(write: (db: Pool) => Promise<unknown>): Promise<pg.Qu
 
 /** One flush of `size` of each statement under EXPLAIN ANALYZE, each writing part's time and WAL per item. */
 async function explain(pool: Pool, size: number): Promise<void> {
-  const accepted = await submitBatch(pool, Array.from({ length: size }, submission), SETTINGS, 0);
+  const accepted = await submitBatch(pool, Array.from({ length: size }, submission), SETTINGS);
   const statements = {
-    submission: await statementOf((db) => submitBatch(db, Array.from({ length: size }, submission), SETTINGS, 0)),
-    terminal: await statementOf((db) => settleBatch(db, successes(accepted), { metering: false, origin: 'wrk_flush', counterShard: 0 })),
+    submission: await statementOf((db) => submitBatch(db, Array.from({ length: size }, submission), SETTINGS)),
+    terminal: await statementOf((db) => settleBatch(db, successes(accepted), { metering: false, origin: 'wrk_flush' })),
   };
   for (const [name, config] of Object.entries(statements)) {
     const e = await explainParts(pool, config);

@@ -116,7 +116,7 @@ async function retireByDrop(pool: pg.Pool, target: SeedTarget, quiet = true): Pr
   try {
     const wal0 = await lsn(pool);
     const t0 = performance.now();
-    const days = await retirePayloads(client, [{ namespace_id: target.namespaceId, minutes }], minutes, 0, 1);
+    const days = await retirePayloads(client, [{ namespace_id: target.namespaceId, minutes }], minutes, 1);
     const ms = performance.now() - t0;
     if (days !== 1) throw new Error('the oldest day was not dropped');
     return { how: 'DROP (its partitions detached and dropped)', records: rows[0].n, ms, wal: await walSince(pool, wal0), dead: quiet ? (await deadTuples(pool)) - dead0 : NaN };

@@ -2,8 +2,8 @@
 // operator's (tenancy and owner straight into the database, as `sarsen tenancy create` does),
 // then filled with a large history written set-based, shaped the way the real write path leaves
 // it: request rows with ULID ids that sort by creation time, one ledger entry per request, and
-// the per-key hourly and all-time sharded counters that the submission and outcome statements
-// keep (src/db/submissions.ts, src/db/attempts.ts): ledger events in the hour of the entry,
+// the per-key hourly and all-time counters that the submission and outcome statements keep
+// (src/db/submissions.ts, src/db/attempts.ts), as folded (src/db/counters.ts): ledger events in the hour of the entry,
 // provider calls and tokens in the hour of the request's terminal write.
 //
 // Bodies, answers and frames are not stored: no measured read touches those tables, and the
@@ -11,7 +11,6 @@
 import crypto from 'node:crypto';
 import type pg from 'pg';
 import { call, createTenancy, signInAndChoose } from '../../test/support/control-plane.ts';
-import { KEY_SHARDS } from '../../src/db/counters.ts';
 
 export type AccountsTenant = {
   tenancy: string;
@@ -103,8 +102,8 @@ SELECT 'req_' || ${ulid}, $1, $2, ($3::text[])[1 + g % cardinality($3::text[])],
        LATERAL (SELECT $7::bigint + (g - 1) * $8::bigint / $6::int AS ms, (random() * 1125899906842623)::bigint AS r) x,
        LATERAL (SELECT to_timestamp(x.ms / 1000.0) AS t) y`;
 
-// The shard each request's counters went to (the write path picks one at random).
-const SHARD = `(hashtext(q.id) & 15)`;
+// The shard the watcher folds counters into (src/db/counters.ts).
+const SHARD = '0';
 
 const LEDGER = `
 INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros, created_at)
@@ -116,11 +115,11 @@ const HOURLY = `
 INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, provider_calls,
   prompt_tokens, completion_tokens, total_tokens)
 SELECT namespace_id, api_key_id, hour, shard, sum(events), sum(calls), sum(prompt), sum(completion), sum(total)
-  FROM (SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at) AS hour, ${SHARD} % ${KEY_SHARDS} AS shard,
+  FROM (SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at) AS hour, ${SHARD} AS shard,
                1 AS events, 0 AS calls, NULL::bigint AS prompt, NULL::bigint AS completion, NULL::bigint AS total
           FROM sarsen.requests q WHERE q.namespace_id = $1
         UNION ALL
-        SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.finished_at), ${SHARD} % ${KEY_SHARDS},
+        SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.finished_at), ${SHARD},
                0, 1, q.prompt_tokens, q.completion_tokens, q.total_tokens
           FROM sarsen.requests q WHERE q.namespace_id = $1) AS e
  GROUP BY 1, 2, 3, 4`;

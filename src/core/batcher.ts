@@ -9,6 +9,9 @@
  */
 export const SPARE_LANE_AT = 32;
 
+/** The lanes of the submission and terminal writers: a flush, and a spare beside it. */
+export const WRITER_LANES = 2;
+
 /**
  * How long the submission and terminal writers' lanes linger (BatcherOptions.linger): on a busy
  * process each turn of the event loop brings answers and requests that other work let in, so a
@@ -29,8 +32,7 @@ export type Batcher<T, R> = {
 export type BatcherOptions = {
   maxBatch: number;
   /**
-   * Flushes in flight at once, each on a lane of its own that the flush is told (its connection,
-   * its counter shard). Items carry no order across lanes: a writer whose items must land in
+   * Flushes in flight at once, each on a lane of its own that the flush is told (its connection). Items carry no order across lanes: a writer whose items must land in
    * order keeps one.
    */
   lanes?: number;

@@ -94,18 +94,20 @@ export type Totals = {
   cache_hits: number;
 };
 
-/** The all-time namespace counters: a sum over at most a few shard rows. */
+const TOTALS = Object.keys({
+  accepted_submissions: 0, provider_calls: 0, upstream_sent_bytes: 0, upstream_received_bytes: 0, request_bytes: 0, response_bytes: 0, chunk_bytes: 0, cache_hits: 0,
+} satisfies Totals);
+
+/**
+ * The all-time namespace counters: the folded rows (a few shards) and the deltas not yet folded,
+ * in one snapshot, so each delta is counted once (src/db/counters.ts).
+ */
 export async function namespaceTotals(pool: Pool, namespaceId: string): Promise<Totals> {
   const { rows } = await pool.query<Totals>(
-    `SELECT coalesce(sum(accepted_submissions), 0)::bigint AS accepted_submissions,
-            coalesce(sum(provider_calls), 0)::bigint AS provider_calls,
-            coalesce(sum(upstream_sent_bytes), 0)::bigint AS upstream_sent_bytes,
-            coalesce(sum(upstream_received_bytes), 0)::bigint AS upstream_received_bytes,
-            coalesce(sum(request_bytes), 0)::bigint AS request_bytes,
-            coalesce(sum(response_bytes), 0)::bigint AS response_bytes,
-            coalesce(sum(chunk_bytes), 0)::bigint AS chunk_bytes,
-            coalesce(sum(cache_hits), 0)::bigint AS cache_hits
-       FROM sarsen.usage_rollup WHERE namespace_id = $1`,
+    `SELECT ${TOTALS.map((c) => `coalesce(sum(${c}), 0)::bigint AS ${c}`).join(', ')}
+       FROM (SELECT ${TOTALS.join(', ')} FROM sarsen.usage_rollup WHERE namespace_id = $1
+             UNION ALL
+             SELECT ${TOTALS.join(', ')} FROM sarsen.usage_rollup_deltas WHERE namespace_id = $1) AS counted`,
     [namespaceId],
   );
   return rows[0]!;
@@ -131,6 +133,11 @@ const USAGE_BY_KEY = prepared(
   SELECT h.api_key_id, h.ledger_events, h.provider_calls, h.prompt_tokens, h.completion_tokens, h.total_tokens, h.cache_hits
     FROM sarsen.key_usage_hourly h, edge
    WHERE h.namespace_id = $1 AND h.hour >= edge.hour
+  UNION ALL
+  -- What the watcher has not folded into them yet (src/db/counters.ts), from the same snapshot.
+  SELECT d.api_key_id, d.ledger_events, d.provider_calls, d.prompt_tokens, d.completion_tokens, d.total_tokens, d.cache_hits
+    FROM sarsen.key_usage_deltas d, edge
+   WHERE d.namespace_id = $1 AND d.hour >= edge.hour
   UNION ALL
   -- The part of since's hour inside the window, from the events the hourly rows were added
   -- from, at the same instants: each ledger entry at its creation (an answer from the cache is one)...
@@ -158,7 +165,7 @@ SELECT api_key_id, sum(ledger_events)::bigint AS ledger_events, sum(provider_cal
 
 /**
  * Per-key figures over the window from `since` (exact to the millisecond) to now: whole hours
- * from the hourly rollup, and the rest of the hour `since` falls in from the ledger and the
+ * from the hourly rollup and its deltas, and the rest of the hour `since` falls in from the ledger and the
  * request rows (an index range over at most that hour). A token sum is null when nothing in
  * the window reported one.
  */

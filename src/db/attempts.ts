@@ -8,7 +8,7 @@ import { prepared, withTransaction } from './pool.ts';
 import type { Answer, Dialect } from './requests.ts';
 import type { BackendForCall } from './backends.ts';
 import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
-import { addToRollup, addToKeyHour, shard } from './counters.ts';
+import { addToRollup, addToKeyHour } from './counters.ts';
 import { notifyEvents } from './events.ts';
 import { batchInput, namedParams, oneOfIds, withParts, type Part } from './columns.ts';
 import { appendAttempt } from './attempt-log.ts';
@@ -225,7 +225,7 @@ export type Terminal = Readonly<
  */
 type SettleShape = { metering: boolean; cleanup: boolean; limited: boolean };
 
-const SETTLE_INPUT = batchInput<Terminal, { shard: number; origin: string }>(
+const SETTLE_INPUT = batchInput<Terminal, { origin: string }>(
   [
     ['id', 'text', (t) => t.id],
     ['attempt', 'int', (t) => t.attempt],
@@ -250,10 +250,9 @@ const SETTLE_INPUT = batchInput<Terminal, { shard: number; origin: string }>(
     ['transport_error', 'text', (t) => t.end.error],
     ['cacheable', 'boolean', (t) => t.cacheable],
   ],
-  { shard: 'smallint', origin: 'text' },
+  { origin: 'text' },
 );
 const SETTLED_IDS = SETTLE_INPUT.array('id');
-const SETTLE_SHARD = SETTLE_INPUT.param('shard');
 
 /** What every terminal write does: the input, its cost, the fenced update, the answer, the counters and the ledger. */
 const SETTLE_PARTS: readonly Part[] = [
@@ -296,7 +295,6 @@ const SETTLE_PARTS: readonly Part[] = [
       ['provider_calls', 'upstream_sent_bytes', 'upstream_received_bytes', 'response_bytes'],
       `SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
             sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id`,
-      SETTLE_SHARD,
     )}
   RETURNING 1`,
   },
@@ -314,7 +312,6 @@ const SETTLE_PARTS: readonly Part[] = [
             count(*) FILTER (WHERE provider_call) AS provider_calls,
             sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
        FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id`,
-      SETTLE_SHARD,
     )}
   RETURNING 1`,
   },
@@ -399,12 +396,12 @@ export const ATTEMPT_SQL: Readonly<Record<string, string>> = {
 export async function settleBatch(
   pool: Pool | PoolClient,
   ts: readonly Terminal[],
-  opts: { metering: boolean; origin: string; counterShard: number },
+  opts: { metering: boolean; origin: string },
 ): Promise<Set<string>> {
   const cleanup = ts.some((t) => t.ownCredential || t.answer.status === 'failed');
   const limited = ts.some((t) => t.tokenLimited);
   const statement = SETTLE.get(settleName({ metering: opts.metering, cleanup, limited }))!;
-  const { rows } = await pool.query<{ id: string }>(statement(SETTLE_INPUT.values(ts, { shard: opts.counterShard, origin: opts.origin })));
+  const { rows } = await pool.query<{ id: string }>(statement(SETTLE_INPUT.values(ts, { origin: opts.origin })));
   return new Set(rows.map((r) => r.id));
 }
 
@@ -426,11 +423,10 @@ const RETRY_SQL = `UPDATE sarsen.requests q
 const REQUEUE = namedParams<{ id: string; run_at: Date }>({ id: 'text', run_at: 'timestamptz' });
 const REQUEUE_SQL = `SELECT ${enqueueSql(REQUEUE.param('id'), REQUEUE.param('run_at'))}`;
 
-const TRAFFIC = namedParams<{ id: string; shard: number; sent: number; received: number }>({ id: 'text', shard: 'smallint', sent: 'bigint', received: 'bigint' });
+const TRAFFIC = namedParams<{ id: string; sent: number; received: number }>({ id: 'text', sent: 'bigint', received: 'bigint' });
 const TRAFFIC_SQL = addToRollup(
   ['upstream_sent_bytes', 'upstream_received_bytes'],
   `SELECT namespace_id, ${TRAFFIC.param('sent')} AS upstream_sent_bytes, ${TRAFFIC.param('received')} AS upstream_received_bytes FROM sarsen.requests WHERE id = ${TRAFFIC.param('id')}`,
-  TRAFFIC.param('shard'),
 );
 
 const PENDING = namedParams<{ id: string; origin: string }>({ id: 'text', origin: 'text' });
@@ -449,7 +445,7 @@ export async function scheduleRetry(pool: Pool, f: { id: string; attempt: number
     const row = rows[0];
     if (!row) return false;
     await c.query(REQUEUE_SQL, REQUEUE.values({ id: f.id, run_at: row.next_retry_at }));
-    await c.query(TRAFFIC_SQL, TRAFFIC.values({ id: f.id, shard: shard(), sent: f.sentBytes, received: f.receivedBytes }));
+    await c.query(TRAFFIC_SQL, TRAFFIC.values({ id: f.id, sent: f.sentBytes, received: f.receivedBytes }));
     await c.query(PENDING_SQL, PENDING.values({ id: f.id, origin: f.origin }));
     return true;
   });

@@ -7,7 +7,6 @@ import { withTransaction } from './pool.ts';
 import type { Answer, RequestStatus } from './requests.ts';
 import { settleBatch } from './attempts.ts';
 import { notifyEvents } from './events.ts';
-import { shard } from './counters.ts';
 import { errorBody, ERROR_CODES } from '../core/errors.ts';
 
 /** The stored error of a cancelled request: our own envelope, no provider status. */
@@ -66,10 +65,7 @@ export async function cancelRequest(
       id, attempt: r.attempts, jobId: null, model: r.upstream_model, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true,
       end: { status: null, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,
     };
-    await settleBatch(c, [terminal], {
-      ...opts,
-      counterShard: shard(),
-    });
+    await settleBatch(c, [terminal], opts);
     return { kind: 'cancelled', answer };
   });
 }

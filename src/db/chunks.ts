@@ -4,7 +4,7 @@
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
-import { addToRollup, WRITER_SHARD } from './counters.ts';
+import { addToRollup } from './counters.ts';
 import { notifyEvents } from './events.ts';
 import { batchInput, bytesFrom, notBelowIds, oneOfIds, selectBytes, withParts, type Bytes } from './columns.ts';
 
@@ -31,7 +31,7 @@ function pack(frames: readonly FrameRow[]): Packed[] {
   return [...runs.values()].flat();
 }
 
-const STORE_INPUT = batchInput<Packed, { shard: number; origin: string }>(
+const STORE_INPUT = batchInput<Packed, { origin: string }>(
   [
     ['request_id', 'text', (p) => p.requestId],
     ['attempt', 'int', (p) => p.attempt],
@@ -40,7 +40,7 @@ const STORE_INPUT = batchInput<Packed, { shard: number; origin: string }>(
     // Each frame's length, as an int[] literal; NULL for a row of one frame.
     ['lengths', 'text', (p) => (p.frames.length === 1 ? null : `{${p.frames.map((f) => f.length).join(',')}}`)],
   ],
-  { shard: 'smallint', origin: 'text' },
+  { origin: 'text' },
 );
 
 const STORE_SQL = withParts(
@@ -92,7 +92,6 @@ const STORE_SQL = withParts(
       sql: `${addToRollup(
         ['chunk_bytes'],
         `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id AND f.attempt = p.attempt GROUP BY f.namespace_id`,
-        STORE_INPUT.param('shard'),
       )}
   RETURNING 1`,
     },
@@ -118,7 +117,7 @@ export type Stored = Map<string, { attempt: number; seq: number }>;
  */
 export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Stored> {
   const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(
-    STORE(STORE_INPUT.values(pack(frames), { shard: WRITER_SHARD.frames, origin })),
+    STORE(STORE_INPUT.values(pack(frames), { origin })),
   );
   return new Map(stored.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
 }

@@ -1,28 +1,10 @@
-// The sharded counters every write path adds to: all-time namespace totals (usage_rollup) and
-// per-key hourly figures (key_usage_hourly). Shards keep concurrent writers off one row; reads
-// sum them (accounting.ts). Every writer adds set-based, one row per namespace (or key) per
-// statement, so an ON CONFLICT never touches a row twice.
-
-const ROLLUP_SHARDS = 16;
-/** A shard chosen at random per statement, for writers that run now and then. */
-export const shard = (): number => Math.floor(Math.random() * ROLLUP_SHARDS);
-
-// The group-committing writers of a process add to shards of their own, one per lane, chosen
-// once per process: a counter row stays locked until its statement commits (fsync included),
-// and two flushes of one process must never queue behind each other on it. The lanes of the
-// two writers that add to per-key rows (submissions, terminals) differ modulo KEY_SHARDS too.
-const base = shard();
-const at = (offset: number) => (base + offset) % ROLLUP_SHARDS;
-export const WRITER_SHARD = {
-  submissions: [at(0), at(1)],
-  terminals: [at(2), at(3)],
-  frames: at(4),
-} as const;
-/**
- * Per-key hourly rows see far fewer writers than a namespace's counters, and GET /usage reads
- * one row per key, hour and shard of its window: a few shards keep that read small.
- */
-export const KEY_SHARDS = 4;
+// The counters every write path adds to: all-time namespace totals (usage_rollup) and per-key
+// hourly figures (key_usage_hourly), read by GET /usage and GET /storage (accounting.ts). A write
+// path does not update them: it appends what it adds, one plain row per namespace (or key) per
+// statement, to a delta table with no index and no key (migration 028), so a hot statement looks
+// nothing up and locks nothing. The watching executor folds the deltas into the counters
+// (foldCounters), and readers sum both, so every figure is exact to the last commit.
+import type { Pool } from './pool.ts';
 
 type RollupColumn =
   | 'accepted_submissions'
@@ -33,33 +15,91 @@ type RollupColumn =
   | 'response_bytes'
   | 'chunk_bytes'
   | 'cache_hits';
+const ROLLUP_COLUMNS: readonly RollupColumn[] = [
+  'accepted_submissions', 'provider_calls', 'upstream_sent_bytes', 'upstream_received_bytes', 'request_bytes', 'response_bytes', 'chunk_bytes', 'cache_hits',
+];
 
 /**
- * INSERT ... ON CONFLICT adding to the namespace totals. `select` yields `namespace_id` and one
- * column per name in `columns`, at most one row per namespace; `shard` is an SQL expression.
+ * INSERT of what a statement adds to the namespace totals. `select` yields `namespace_id` and
+ * one column per name in `columns`.
  */
-export function addToRollup(columns: readonly RollupColumn[], select: string, shardSql: string): string {
-  return `INSERT INTO sarsen.usage_rollup (namespace_id, shard, ${columns.join(', ')})
-  SELECT namespace_id, ${shardSql}, ${columns.join(', ')} FROM (${select}) AS added
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET ${columns.map((c) => `${c} = usage_rollup.${c} + EXCLUDED.${c}`).join(', ')}`;
+export function addToRollup(columns: readonly RollupColumn[], select: string): string {
+  return `INSERT INTO sarsen.usage_rollup_deltas (namespace_id, ${columns.join(', ')})
+  SELECT namespace_id, ${columns.join(', ')} FROM (${select}) AS added`;
 }
 
 type KeyColumn = 'ledger_events' | 'provider_calls' | 'prompt_tokens' | 'completion_tokens' | 'total_tokens' | 'cache_hits';
+const KEY_COLUMNS: readonly KeyColumn[] = ['ledger_events', 'provider_calls', 'prompt_tokens', 'completion_tokens', 'total_tokens', 'cache_hits'];
 const NULLABLE: readonly KeyColumn[] = ['prompt_tokens', 'completion_tokens', 'total_tokens'];
 
 /**
- * INSERT ... ON CONFLICT adding to this hour's per-key figures. `select` yields `namespace_id`,
- * `api_key_id` and the named columns, at most one row per key. Token sums stay NULL until
- * something reports a number: NULL plus NULL is NULL, NULL plus a count is the count.
+ * INSERT of what a statement adds to this hour's per-key figures. `select` yields
+ * `namespace_id`, `api_key_id` and the named columns. Token sums stay NULL until something
+ * reports a number.
  */
-export function addToKeyHour(columns: readonly KeyColumn[], select: string, shardSql: string): string {
-  const add = (c: KeyColumn) =>
-    NULLABLE.includes(c)
-      ? `${c} = CASE WHEN EXCLUDED.${c} IS NULL THEN key_usage_hourly.${c} ELSE coalesce(key_usage_hourly.${c}, 0) + EXCLUDED.${c} END`
-      : `${c} = key_usage_hourly.${c} + EXCLUDED.${c}`;
-  return `INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ${columns.join(', ')})
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), (${shardSql})::int % ${KEY_SHARDS}, ${columns.join(', ')} FROM (${select}) AS added
+export function addToKeyHour(columns: readonly KeyColumn[], select: string): string {
+  return `INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ${columns.join(', ')})
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ${columns.join(', ')} FROM (${select}) AS added`;
+}
+
+// How many deltas of each table one fold statement takes: a backlog (after a time with no
+// watcher) is folded a bounded statement at a time.
+const FOLD_BATCH = 10_000;
+
+// Each fold deletes a batch of deltas and adds their sums in the same statement, so a reader's
+// snapshot sees each delta once: as itself or in a counter. Another folder running at the same
+// time (two watchers for a moment) skips the rows this one deleted; both add in key order, so
+// neither waits on the other in a cycle. Folded counters go to shard 0 (older releases wrote to
+// 16 shards, which readers still sum).
+const FOLD_ROLLUP = `WITH gone AS (
+  DELETE FROM sarsen.usage_rollup_deltas
+   WHERE ctid = ANY(ARRAY(SELECT ctid FROM sarsen.usage_rollup_deltas LIMIT ${FOLD_BATCH}))
+  RETURNING *
+), folded AS (
+  INSERT INTO sarsen.usage_rollup AS u (namespace_id, shard, ${ROLLUP_COLUMNS.join(', ')})
+  SELECT namespace_id, 0, ${ROLLUP_COLUMNS.map((c) => `sum(${c})`).join(', ')} FROM gone GROUP BY namespace_id ORDER BY namespace_id
+  ON CONFLICT (namespace_id, shard) DO UPDATE
+    SET ${ROLLUP_COLUMNS.map((c) => `${c} = u.${c} + EXCLUDED.${c}`).join(', ')}
+  RETURNING 1
+)
+SELECT count(*)::int AS n FROM gone`;
+
+// NULL plus NULL is NULL, NULL plus a count is the count.
+const addKey = (c: KeyColumn) =>
+  NULLABLE.includes(c)
+    ? `${c} = CASE WHEN EXCLUDED.${c} IS NULL THEN h.${c} ELSE coalesce(h.${c}, 0) + EXCLUDED.${c} END`
+    : `${c} = h.${c} + EXCLUDED.${c}`;
+const FOLD_KEYS = `WITH gone AS (
+  DELETE FROM sarsen.key_usage_deltas
+   WHERE ctid = ANY(ARRAY(SELECT ctid FROM sarsen.key_usage_deltas LIMIT ${FOLD_BATCH}))
+  RETURNING *
+), folded AS (
+  INSERT INTO sarsen.key_usage_hourly AS h (namespace_id, api_key_id, hour, shard, ${KEY_COLUMNS.join(', ')})
+  SELECT namespace_id, api_key_id, hour, 0, ${KEY_COLUMNS.map((c) => `sum(${c})`).join(', ')}
+    FROM gone GROUP BY namespace_id, hour, api_key_id ORDER BY namespace_id, hour, api_key_id
   ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
-    SET ${columns.map(add).join(', ')}`;
+    SET ${KEY_COLUMNS.map(addKey).join(', ')}
+  RETURNING 1
+)
+SELECT count(*)::int AS n FROM gone`;
+
+/** Folds every delta committed so far into the counters. Answers how many it folded. */
+export async function foldCounters(pool: Pick<Pool, 'query'>): Promise<number> {
+  let total = 0;
+  for (const sql of [FOLD_ROLLUP, FOLD_KEYS]) {
+    for (;;) {
+      const { rows } = await pool.query<{ n: number }>(sql);
+      total += rows[0]!.n;
+      if (rows[0]!.n < FOLD_BATCH) break;
+    }
+  }
+  return total;
+}
+
+/**
+ * Frees the space of folded deltas for new ones. Run by the watcher now and then, as
+ * autovacuum would (it may be off; migration 028 asks it to visit these tables often).
+ */
+export async function vacuumDeltas(pool: Pick<Pool, 'query'>): Promise<void> {
+  await pool.query('VACUUM sarsen.usage_rollup_deltas, sarsen.key_usage_deltas');
 }

@@ -178,7 +178,6 @@ WITH h AS (
     ['request_bytes', 'response_bytes', 'chunk_bytes'],
     `SELECT namespace_id, -request_bytes AS request_bytes, -response_bytes AS response_bytes, -chunk_bytes AS chunk_bytes
        FROM per_namespace WHERE EXISTS (SELECT 1 FROM moved) AND request_bytes + response_bytes + chunk_bytes > 0`,
-    '$6',
   )}
   RETURNING 1
 ), claims AS (
@@ -192,14 +191,14 @@ SELECT (SELECT ok FROM verdict) AS ok, (SELECT count(*) FROM unstored)::int + (S
  * (`horizons`; a namespace not listed, one since deleted, keeps the metadata horizon), at most
  * `max` days. Answers how many days it retired.
  */
-export async function retirePayloads(db: Db, horizons: readonly Horizon[], metadataMinutes: number, shard: number, max: number, now = Date.now()): Promise<number> {
+export async function retirePayloads(db: Db, horizons: readonly Horizon[], metadataMinutes: number, max: number, now = Date.now()): Promise<number> {
   let days = 0;
   while (days < max) {
     const live = (await listPartitions(db, PAYLOADS.tables)).filter((p) => !p.pending);
     const oldest = live[0];
     if (!oldest || oldest.hiMs > now - CLOCK_SLACK_MS) break;
     const { rows } = await db.query<{ ok: boolean }>(RETIRE_PAYLOADS, [
-      oldest.lo ?? '', oldest.hi, horizons.map((h) => h.namespace_id), horizons.map((h) => h.minutes), metadataMinutes, shard,
+      oldest.lo ?? '', oldest.hi, horizons.map((h) => h.namespace_id), horizons.map((h) => h.minutes), metadataMinutes,
     ]);
     if (!rows[0]!.ok) break;
     for (const p of live.filter((p) => p.hi <= oldest.hi)) await dropPartition(db, p);

@@ -2,7 +2,7 @@
 import type { Pool, PoolClient } from './pool.ts';
 import type { RequestStatus } from './requests.ts';
 import { withTransaction } from './pool.ts';
-import { addToRollup, shard } from './counters.ts';
+import { addToRollup } from './counters.ts';
 import { enqueueSql, retireJobsSql, staleLockedJobKeysSql, RECOVERY_PRIORITY } from './jobs.ts';
 import { notifyEvents } from './events.ts';
 import { appendAttempt, type Ending } from './attempt-log.ts';
@@ -16,13 +16,13 @@ type Victim = Recovered & { ending: Extract<Ending, 'lease_lost' | 'handed_back'
 // (their buses reconnect with at most 1 s between tries); until then a free lock proves nothing.
 export const RESTART_GRACE_MS = 3000;
 
-const VICTIMS = batchInput<Victim, { shard: number; origin: string }>(
+const VICTIMS = batchInput<Victim, { origin: string }>(
   [
     ['id', 'text', (v) => v.id],
     ['attempt', 'int', (v) => v.attempt],
     ['ending', 'text', (v) => v.ending],
   ],
-  { shard: 'smallint', origin: 'text' },
+  { origin: 'text' },
 );
 
 /**
@@ -55,7 +55,7 @@ const REQUEUE_SQL = withParts(
     },
     {
       name: 'unstored',
-      sql: `${addToRollup(['chunk_bytes'], `SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0`, VICTIMS.param('shard'))}
+      sql: `${addToRollup(['chunk_bytes'], `SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0`)}
   RETURNING 1`,
     },
     { name: 'queued', sql: `SELECT ${enqueueSql('id', undefined, RECOVERY_PRIORITY)} FROM requeued` },
@@ -71,7 +71,7 @@ export const RECOVERY_SQL: Readonly<Record<string, string>> = { recovery_requeue
 async function requeue(c: PoolClient, victims: readonly Victim[], origin: string): Promise<Recovered[]> {
   if (victims.length === 0) return [];
   await c.query(retireJobsSql('$1::text[]'), [victims.map((v) => v.id)]);
-  const { rows } = await c.query<Recovered>(REQUEUE_SQL, VICTIMS.values(victims, { shard: shard(), origin }));
+  const { rows } = await c.query<Recovered>(REQUEUE_SQL, VICTIMS.values(victims, { origin }));
   return rows;
 }
 

@@ -1,7 +1,7 @@
 // The retention sweep's SQL (docs/accounting.md "Retention", "Swept records"). Each statement is
 // one bounded batch, index-driven, skipping rows other sweepers hold, so no long lock is taken.
 import type { Pool } from './pool.ts';
-import { addToRollup, shard } from './counters.ts';
+import { addToRollup } from './counters.ts';
 
 type Db = Pick<Pool, 'query'>;
 
@@ -37,10 +37,9 @@ export async function namespaceHorizons(pool: Db): Promise<NamespaceHorizon[]> {
 /**
  * One statement that removes the body, answer, frames and claim of the finished records
  * `victims` selects (id, namespace_id and the three byte counts, locked), keeps their metadata,
- * marks them expired and takes their bytes off the storage counters (`shard`: the parameter of
- * the rollup's shard).
+ * marks them expired and takes their bytes off the storage counters.
  */
-const sweepOf = (victims: string, shardParam: string) => `
+const sweepOf = (victims: string) => `
 WITH victims AS (${victims}
 ), bodies AS (
   DELETE FROM sarsen.request_bodies WHERE request_id IN (SELECT id FROM victims) RETURNING 1
@@ -60,7 +59,6 @@ WITH victims AS (${victims}
     ['request_bytes', 'response_bytes', 'chunk_bytes'],
     `SELECT namespace_id, -sum(request_bytes) AS request_bytes, -sum(response_bytes) AS response_bytes, -sum(chunk_bytes) AS chunk_bytes
        FROM marked GROUP BY namespace_id`,
-    shardParam,
   )}
   RETURNING 1
 )
@@ -72,13 +70,13 @@ const SWEEP = (scope: string) => sweepOf(`
   SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
    WHERE ${scope} AND NOT expired AND status IN ('succeeded', 'failed')
      AND finished_at < now() - make_interval(mins => $2::int)
-     -- Only ids from $6 (below it, payloads went with their partitions) up to $7 (null: no
+     -- Only ids from $5 (below it, payloads went with their partitions) up to $6 (null: no
      -- bound). Ids sort by creation, which a finish cannot precede: the index range starts at
-     -- $5, past the rows whose payloads were dropped.
-     AND finished_at >= $5::timestamptz AND id >= $6 AND ($7::text IS NULL OR id < $7)
+     -- $4, past the rows whose payloads were dropped.
+     AND finished_at >= $4::timestamptz AND id >= $5 AND ($6::text IS NULL OR id < $6)
    ORDER BY finished_at
    LIMIT $3
-   FOR UPDATE SKIP LOCKED`, '$4');
+   FOR UPDATE SKIP LOCKED`);
 
 const SWEEP_NAMESPACE = SWEEP('namespace_id = $1');
 // Records whose namespace was deleted keep only the deployment's metadata horizon.
@@ -98,7 +96,7 @@ const CLOCK_SLACK_MS = 5 * 60_000;
 export async function sweepRecords(db: Db, namespaceId: string | null, minutes: number, limit: number, ids: IdRange): Promise<number> {
   const finishedFrom = ids.fromMs === null ? '-infinity' : new Date(ids.fromMs - CLOCK_SLACK_MS).toISOString();
   const { rows } = await db.query<{ swept: number }>(namespaceId === null ? SWEEP_ORPHANS : SWEEP_NAMESPACE, [
-    namespaceId, minutes, limit, shard(), finishedFrom, ids.from, ids.below,
+    namespaceId, minutes, limit, finishedFrom, ids.from, ids.below,
   ]);
   return rows[0]!.swept;
 }
@@ -107,11 +105,11 @@ export async function sweepRecords(db: Db, namespaceId: string | null, minutes: 
 const SWEEP_ONE = sweepOf(`
   SELECT id, namespace_id, request_bytes, response_bytes, chunk_bytes FROM sarsen.requests
    WHERE id = $1 AND namespace_id = $2 AND NOT expired AND status IN ('succeeded', 'failed')
-   FOR UPDATE`, '$3');
+   FOR UPDATE`);
 
 /** Sweeps one finished record of this namespace now, as the sweep would; false when there was nothing to sweep. */
 export async function sweepRecord(db: Db, namespaceId: string, requestId: string): Promise<boolean> {
-  const { rows } = await db.query<{ swept: number }>(SWEEP_ONE, [requestId, namespaceId, shard()]);
+  const { rows } = await db.query<{ swept: number }>(SWEEP_ONE, [requestId, namespaceId]);
   return rows[0]!.swept === 1;
 }
 

@@ -13,7 +13,7 @@ import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
 import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
-import { addToRollup, addToKeyHour, shard } from './counters.ts';
+import { addToRollup, addToKeyHour } from './counters.ts';
 import { batchInput, namedParams, withParts, type Column, type Part } from './columns.ts';
 import { limitParts, type KeyLimits, type Refused } from './rate-limits.ts';
 import { cacheLookupParts, TAKEOVER } from './response-cache.ts';
@@ -69,7 +69,7 @@ export type { Refused } from './rate-limits.ts';
 /** Which optional parts a batch's statement needs: `limits`, some key has a rate limit; `cache`, the response cache applies to some submission. */
 type SubmitShape = Readonly<{ limits: boolean; cache: boolean }>;
 
-type Scalars = { window_ms: number; fee_micros: number; lease_ms: number; shard: number };
+type Scalars = { window_ms: number; fee_micros: number; lease_ms: number };
 
 const BASE_COLUMNS: readonly Column<NewRequest>[] = [
     ['id', 'text', (r) => r.id],
@@ -106,7 +106,7 @@ const CACHE_COLUMNS: readonly Column<NewRequest>[] = [
 const inputOf = (shape: SubmitShape) =>
   batchInput<NewRequest, Scalars>(
     [...BASE_COLUMNS, ...(shape.limits ? LIMIT_COLUMNS : []), ...(shape.cache ? CACHE_COLUMNS : [])],
-    { window_ms: 'double precision', fee_micros: 'bigint', lease_ms: 'double precision', shard: 'smallint' },
+    { window_ms: 'double precision', fee_micros: 'bigint', lease_ms: 'double precision' },
   );
 
 const LANDED = `request_id IS NOT NULL AND NOT repeated`;
@@ -116,7 +116,6 @@ function submitSql(shape: SubmitShape): string {
   const INPUT = inputOf(shape);
   const LEASE_END = `now() + make_interval(secs => ${INPUT.param('lease_ms')} / 1000)`;
   const FEE = INPUT.param('fee_micros');
-  const SHARD = INPUT.param('shard');
   // The rows as given, then through the limit check, then the response cache: what remains claims an identity (`input`).
   const first = shape.limits ? 'given' : shape.cache ? 'offered' : 'input';
   const front: Part[] = [{ name: first, sql: INPUT.rows }];
@@ -184,36 +183,34 @@ function submitSql(shape: SubmitShape): string {
     FROM placed WHERE ${LANDED} ORDER BY ord
   RETURNING 1`,
     },
-    ...(shape.cache ? [countedWithHitsPart(SHARD), hourlyWithHitsPart(SHARD)] : [countedPart(SHARD), hourlyPart(SHARD)]),
+    ...(shape.cache ? [COUNTED_WITH_HITS, HOURLY_WITH_HITS] : [COUNTED, HOURLY]),
   ];
   return withParts(parts, finalSelect(shape));
 }
 
-const countedPart = (shard: string): Part => ({
+const COUNTED: Part = {
   name: 'counted',
   sql: `${addToRollup(
     ['accepted_submissions', 'request_bytes'],
     `SELECT namespace_id, count(*) AS accepted_submissions,
             coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes
        FROM placed WHERE ${LANDED} GROUP BY namespace_id`,
-    shard,
   )}
   RETURNING 1`,
-});
+};
 
-const hourlyPart = (shard: string): Part => ({
+const HOURLY: Part = {
   name: 'hourly',
   sql: `${addToKeyHour(
     ['ledger_events'],
     `SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
-    shard,
   )}
   RETURNING 1`,
-});
+};
 
-// With the cache, one upsert per counter row counts both kinds of submission (a row may be
-// written once per statement): those that landed on an execution, and those answered from the cache.
-const countedWithHitsPart = (shard: string): Part => ({
+// With the cache, one delta per namespace (and per key) counts both kinds of submission: those
+// that landed on an execution, and those answered from the cache.
+const COUNTED_WITH_HITS: Part = {
   name: 'counted',
   sql: `${addToRollup(
     ['accepted_submissions', 'request_bytes', 'response_bytes', 'chunk_bytes', 'cache_hits'],
@@ -224,12 +221,11 @@ const countedWithHitsPart = (shard: string): Part => ({
              UNION ALL
              SELECT namespace_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
       GROUP BY namespace_id`,
-    shard,
   )}
   RETURNING 1`,
-});
+};
 
-const hourlyWithHitsPart = (shard: string): Part => ({
+const HOURLY_WITH_HITS: Part = {
   name: 'hourly',
   sql: `${addToKeyHour(
     ['ledger_events', 'cache_hits'],
@@ -238,10 +234,9 @@ const hourlyWithHitsPart = (shard: string): Part => ({
              UNION ALL
              SELECT namespace_id, api_key_id, 1 FROM served) AS landed
       GROUP BY namespace_id, api_key_id`,
-    shard,
   )}
   RETURNING 1`,
-});
+};
 
 /** One answer row per submission, in order. */
 function finalSelect(shape: SubmitShape): string {
@@ -290,14 +285,13 @@ export async function submitBatch(
   db: Pool | PoolClient,
   rs: readonly NewRequest[],
   s: SubmitSettings,
-  counterShard: number,
 ): Promise<(Submitted | Refused | null)[]> {
   const shape = { limits: rs.some((r) => r.limits !== null), cache: rs.some((r) => r.cache !== null) };
   const { statement, input } = SUBMIT.get(shapeName(shape))!;
   const { rows } = await db.query<{
     request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null;
     cached_from?: string | null; refused?: 'requests' | 'tokens' | null; retry_after?: number | null;
-  }>(statement(input.values(rs, { window_ms: s.windowMs, fee_micros: s.feeMicros, lease_ms: s.leaseMs, shard: counterShard })));
+  }>(statement(input.values(rs, { window_ms: s.windowMs, fee_micros: s.feeMicros, lease_ms: s.leaseMs })));
   return rows.map((row) => {
     if (row.refused) return { refused: row.refused, retryAfterSeconds: row.retry_after! };
     if (row.request_id === null) return null;
@@ -377,8 +371,7 @@ export async function submitMetered(pool: Pool, r: NewRequest, s: SubmitSettings
 
 /** submitMetered inside the caller's transaction (the batch dispatcher's); a refusal throws, for the caller to roll back. */
 export async function submitMeteredIn(c: PoolClient, r: NewRequest, s: SubmitSettings): Promise<Submitted | Refused | null> {
-  // Metered submissions run concurrently, each its own transaction: any shard will do.
-  const [submitted] = await submitBatch(c, [r], s, shard());
+  const [submitted] = await submitBatch(c, [r], s);
   // An answer from the cache is no new execution: like an attach, it costs nothing.
   if (submitted && !isRefused(submitted) && !submitted.attached && submitted.cachedFrom === null) {
     await checkMetering(c, r);

@@ -14,7 +14,6 @@ import {
   type WaitingLine, type LineOutcome, type Vendor,
 } from '../db/batches.ts';
 import { submitBatch, submitMeteredIn, isRefused, MeteringRefusal, type NewRequest } from '../db/submissions.ts';
-import { shard } from '../db/counters.ts';
 import { resolveModel } from '../control/resolve-model.ts';
 import { servesDialect } from '../core/dialects.ts';
 import { identityHash, parseCanonical, withTopLevelField, jsonString } from '../core/canonical-json.ts';
@@ -93,7 +92,7 @@ async function round(deps: BaseDeps): Promise<Round> {
     const submitSettings = { windowMs: s.idempotency_window_ms, feeMicros: s.request_fee_micros, leaseMs: s.lease_ms };
     let answers: Awaited<ReturnType<typeof submitBatch>> = [];
     if (!s.metering_enabled) {
-      if (submitted.length > 0) answers = await submitBatch(c, submitted.map((x) => x.request), submitSettings, shard());
+      if (submitted.length > 0) answers = await submitBatch(c, submitted.map((x) => x.request), submitSettings);
     } else {
       // Metering checks credit and caps per submission: one line at a time, a refusal failing that line alone.
       for (const { line, request } of submitted) {

@@ -14,7 +14,6 @@ import { lockRetentionPass, unlockRetentionPass, namespaceHorizons, sweepRecords
 import {
   ensurePartitions, finishRetired, listPartitions, retiredBelow, retirePayloads, retireRequestRows, retireLedger, PAYLOADS, LEDGER, type Horizon,
 } from '../db/partitions.ts';
-import { shard } from '../db/counters.ts';
 import { logger, errorFields } from '../log.ts';
 import { countExpired, countSweep } from '../metrics/metrics.ts';
 
@@ -75,7 +74,7 @@ async function pass(deps: Deps, db: PoolClient): Promise<RetentionCounts> {
     namespace_id: ns.namespace_id,
     minutes: effectiveRetentionMinutes({ namespaceMinutes: ns.namespace_minutes, tenancyMinutes: ns.tenancy_minutes, metadataHorizonMinutes: s.metadata_horizon_minutes }),
   }));
-  partitions += await retirePayloads(db, horizons, s.metadata_horizon_minutes, shard(), MAX_DAYS, now);
+  partitions += await retirePayloads(db, horizons, s.metadata_horizon_minutes, MAX_DAYS, now);
 
   // The row sweep: each namespace's records the drops leave, then those of deleted namespaces.
   const from = await retiredBelow(db);

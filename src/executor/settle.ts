@@ -7,11 +7,10 @@ import type { BaseDeps } from '../deps.ts';
 import { createBatchPool, retryTransient } from '../db/pool.ts';
 import { settleBatch, scheduleRetry, type Attempt, type Terminal } from '../db/attempts.ts';
 import { handBack } from '../db/recovery.ts';
-import { createBatcher, LINGER_TURNS, SPARE_LANE_AT } from '../core/batcher.ts';
-import { WRITER_SHARD } from '../db/counters.ts';
+import { createBatcher, LINGER_TURNS, SPARE_LANE_AT, WRITER_LANES } from '../core/batcher.ts';
 import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
-import { countHandBack } from '../metrics/metrics.ts';
+import { countGroupCommit, countHandBack } from '../metrics/metrics.ts';
 import { TRACING, traceFlush } from '../trace.ts';
 import { tracer } from '../telemetry/tracing.ts';
 import { tracedFlush, traceSettle } from '../telemetry/spans.ts';
@@ -21,11 +20,11 @@ const MAX_BATCH = 500;
 export type Settle = { settle(attempt: Attempt, outcome: Outcome): Promise<void>; close(): Promise<void> };
 
 export function createSettle(deps: BaseDeps): Settle {
-  const lanes = WRITER_SHARD.terminals.length;
-  const writer = createBatchPool(deps.conn, 'sarsen-terminals', lanes);
+  const writer = createBatchPool(deps.conn, 'sarsen-terminals', WRITER_LANES);
   const terminals = createBatcher<Terminal, boolean>(
     async (batch, lane) => {
-      const opts = { metering: deps.settings.current().metering_enabled, origin: deps.processId, counterShard: WRITER_SHARD.terminals[lane]! };
+      countGroupCommit('terminals', lane);
+      const opts = { metering: deps.settings.current().metering_enabled, origin: deps.processId };
       // Through an outage, for as long as the lease could last: the answer is in hand.
       const flush = () => retryTransient(() => settleBatch(writer, batch, opts), deps.settings.current().lease_ms);
       const written = await (tracer !== null
@@ -33,7 +32,7 @@ export function createSettle(deps: BaseDeps): Settle {
         : TRACING ? traceFlush(batch.map((terminal) => terminal.id), 'terminal', flush) : flush());
       return batch.map((terminal) => written.has(terminal.id));
     },
-    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },
+    { maxBatch: MAX_BATCH, lanes: WRITER_LANES, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },
   );
 
   const settle = (attempt: Attempt, outcome: Outcome): Promise<void> =>

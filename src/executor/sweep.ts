@@ -5,11 +5,14 @@
 // died and for expired leases, and re-dispatches what they held at once. Every
 // `sweep_interval_ms`, and as soon as it becomes the watcher, it also runs the full sweep: every
 // running lease's owner checked (an owner that was never listed), jobs stranded by a pool nobody
-// listed, and the buses of dead processes forgotten.
+// listed, and the buses of dead processes forgotten. At every check it also folds the counter
+// deltas the write paths appended into the counters (src/db/counters.ts), and with the full sweep
+// frees their space.
 import type { BaseDeps } from '../deps.ts';
 import { recoverDeadAttempts, redispatchStranded, type Recovered } from '../db/recovery.ts';
 import { recoverExecutors, watchExecutors, type Liveness } from '../db/liveness.ts';
 import { reconcileBuses } from '../db/events.ts';
+import { foldCounters, vacuumDeltas } from '../db/counters.ts';
 import { connectionFailed } from '../db/pool.ts';
 import { logger } from '../log.ts';
 import { countRecoveries, countSweep } from '../metrics/metrics.ts';
@@ -47,6 +50,7 @@ export function startSweeper(deps: BaseDeps, liveness: Liveness): Sweeper {
     const stranded = await redispatchStranded(deps.pool, deps.settings.current().lease_ms);
     for (const id of stranded) logger.warn('re-dispatched a request whose job a dead worker held', { request_id: id });
     await recoverExpired();
+    await vacuumDeltas(deps.pool);
   };
 
   const check = async () => {
@@ -75,6 +79,7 @@ export function startSweeper(deps: BaseDeps, liveness: Liveness): Sweeper {
         },
       );
     } else if (expired) await recoverExpired();
+    await foldCounters(deps.pool);
   };
 
   const tick = () => {

@@ -28,6 +28,7 @@ const handBacks = counter('sarsen_hand_backs_total', 'Attempts this process hand
 const acceptanceToCall = histogram('sarsen_acceptance_to_provider_call_seconds', 'Time from a request\'s acceptance to its first provider call.', LATENCY);
 const firstFrame = histogram('sarsen_time_to_first_frame_seconds', 'Time from a streamed request\'s acceptance to its first frame from the provider (first attempts).', LATENCY);
 const framesStored = counter('sarsen_frames_stored_total', 'Stream frames committed by the chunk writer.');
+const groupCommits = counter('sarsen_group_commits_total', 'Group-commit statements of the submission and terminal writers, by writer and lane (lane 1: the spare that opens beside a flush in flight).', ['writer', 'lane']);
 const flushFrames = histogram('sarsen_chunk_flush_frames', 'Frames per chunk-writer flush.', [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000]);
 const flushSeconds = histogram('sarsen_chunk_flush_duration_seconds', 'Chunk-writer flush latency (statement and commit).', LATENCY);
 const streams = new client.Gauge({ name: 'sarsen_streams', help: 'Streams open to callers now: live (a streaming submission) or replay (by id).', labelNames: ['kind'], registers: [registry] });
@@ -81,6 +82,11 @@ export function observeAcceptanceToCall(acceptedAt: number): void {
 
 export function observeFirstFrame(acceptedAt: number): void {
   firstFrame.observe(Math.max(0, Date.now() - acceptedAt) / 1000);
+}
+
+/** A group-commit statement of `writer` on `lane`. */
+export function countGroupCommit(writer: 'submissions' | 'terminals', lane: number): void {
+  groupCommits.inc({ writer, lane: String(lane) });
 }
 
 export function observeFlush(frames: number, stored: number, startedAt: number): void {

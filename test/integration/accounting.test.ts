@@ -8,6 +8,7 @@ import { provision, type Tenant } from '../support/tenant.ts';
 import { rawRequest, json, until } from '../support/http.ts';
 import { call } from '../support/control-plane.ts';
 import { recountStorage, grantCredit, setPrice } from '../../src/db/accounting.ts';
+import { foldCounters } from '../../src/db/counters.ts';
 import { newId } from '../../src/core/ids.ts';
 import { setSetting } from '../../src/config/settings.ts';
 
@@ -230,7 +231,13 @@ describe('accounting', function () {
                 finished_at = finished_at - interval '2 hours' WHERE namespace_id = $1`,
         [t.namespaceId],
       );
-      await server.pool.query(`UPDATE sarsen.key_usage_hourly SET hour = hour - interval '2 hours' WHERE namespace_id = $1`, [t.namespaceId]);
+      // (The hourly figures, folded or not yet: src/db/counters.ts.)
+      await foldCounters(server.pool);
+      await server.pool.query(
+        `WITH folded AS (UPDATE sarsen.key_usage_hourly SET hour = hour - interval '2 hours' WHERE namespace_id = $1)
+         UPDATE sarsen.key_usage_deltas SET hour = hour - interval '2 hours' WHERE namespace_id = $1`,
+        [t.namespaceId],
+      );
       expect((await submit(t, chat('now'))).status).to.equal(200); // this hour's row
       const since = cut - 2 * 3_600_000;
 

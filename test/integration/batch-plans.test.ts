@@ -52,10 +52,10 @@ describe('batch statement plans', function () {
 
   /** What the batch statements' plans read badly, as `statement: what`. */
   const badReads = async (): Promise<string[]> => {
-    await submitBatch(pool, [], { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 }, 0);
+    await submitBatch(pool, [], { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 });
     // Every other shape of the submission statement (each with one submission of its kind).
     for (const shape of [{ limits: true, cache: false }, { limits: false, cache: true }, { limits: true, cache: true }]) {
-      await submitBatch(pool, [submission(shape)], { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 }, 0);
+      await submitBatch(pool, [submission(shape)], { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 });
     }
     await claimAttempts(pool, [], 'wrk_probe', 30_000);
     await renewLeases(pool, [], 30_000);
@@ -67,7 +67,7 @@ describe('batch statement plans', function () {
     };
     for (const metering of [false, true]) {
       for (const ts of [[], [failure], [{ ...failure, ownCredential: false, tokenLimited: true, cacheable: true, answer: { ...failure.answer, status: 'succeeded' as const } }], [{ ...failure, tokenLimited: true }]]) {
-        await settleBatch(pool, ts, { metering, origin: 'wrk_probe', counterShard: 0 });
+        await settleBatch(pool, ts, { metering, origin: 'wrk_probe' });
       }
     }
     await storeFrames(pool, [], 'wrk_probe');

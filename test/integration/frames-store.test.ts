@@ -7,6 +7,7 @@ import { startFakeProvider, type FakeProvider } from '../support/fake-provider.t
 import { startTestServer, type TestServer } from '../support/server.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
 import { testPool } from '../support/db.ts';
+import { namespaceTotals } from '../../src/db/accounting.ts';
 import { storeFrames } from '../../src/db/chunks.ts';
 
 describe('storing stream frames again', function () {
@@ -50,7 +51,7 @@ describe('storing stream frames again', function () {
       };
       const attempt = await running();
       const chunkBytes = async () =>
-        (await pool.query<{ n: number }>(`SELECT coalesce(sum(chunk_bytes), 0)::int AS n FROM sarsen.usage_rollup WHERE namespace_id = $1`, [t.namespaceId])).rows[0]!.n;
+        Number((await namespaceTotals(pool, t.namespaceId)).chunk_bytes);
       const before = await chunkBytes();
       const frame = Buffer.from('data: {"stored":"twice"}\n\n');
       const row = { requestId: id, attempt, seq: 1000, frame };

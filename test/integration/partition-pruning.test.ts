@@ -127,7 +127,7 @@ describe('batch statements on partitioned tables', function () {
       model: 'm', upstreamModel: 'm', forwardedHeaders: [], hops: 0, body: `{"model":"m","n":"${id}"}`, identity: Buffer.from(id),
       sealedCredential: null, owner: null, precounted: false, limits: null, cache: null,
     }));
-    const accepted = await submitBatch(pool, submissions, { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 }, 0);
+    const accepted = await submitBatch(pool, submissions, { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 });
     expect(accepted.map((a) => (a === null || isRefused(a) ? null : a.requestId))).to.deep.equal(ids);
     const claimed = await claimAttempts(pool, ids, 'wrk_p', 30_000);
     expect([...claimed.keys()].sort()).to.deep.equal([...ids].sort());
@@ -141,7 +141,7 @@ describe('batch statements on partitioned tables', function () {
       answer: { status: 'succeeded', httpStatus: 200, contentType: 'text/event-stream', body: answer, errorStatus: null, retryAfter: null },
       tokens: { prompt: null, completion: null, total: null }, frames: { bytes: 20, lastSeq: 1 }, reached: true, sentBytes: 10, receivedBytes: 20,
       cancelled: false, end: { status: 200, retryAfter: null, error: null }, ownCredential: false, tokenLimited: false, cacheable: false,
-    })), { metering: false, origin: 'wrk_p', counterShard: 0 });
+    })), { metering: false, origin: 'wrk_p' });
     expect([...settled].sort()).to.deep.equal([...ids].sort());
     const { rows } = await pool.query<{ id: string; status: string }>(`SELECT id, status FROM sarsen.requests WHERE id = ANY($1::text[]) ORDER BY id`, [ids]);
     expect(rows.map((r) => r.status)).to.deep.equal(['succeeded', 'succeeded']);

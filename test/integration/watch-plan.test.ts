@@ -32,7 +32,7 @@ describe('the liveness watch and the recovery sweep', function () {
   it('finds an expired lease through the lease index, never by scanning the requests, before any ANALYZE', async () => {
     // Thousands of requests that held a lease and settled, as traffic leaves them; no statistics.
     for (let i = 0; i < 10; i++) {
-      await submitBatch(pool, Array.from({ length: 500 }, submission), { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 }, 0);
+      await submitBatch(pool, Array.from({ length: 500 }, submission), { windowMs: 600_000, feeMicros: 0, leaseMs: 30_000 });
     }
     await pool.query(`UPDATE sarsen.requests SET status = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, finished_at = now()`);
     const plan = (await pool.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${WATCH_SQL}`, ['wrk_probe', false])).rows.map((r) => r['QUERY PLAN']).join('\n');

@@ -18,15 +18,13 @@ WITH victims AS (
    WHERE q.id = v.id AND q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.attempts = v.attempt AND q.status = 'running'
   RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes
 ), unstored AS (
-  INSERT INTO sarsen.usage_rollup (namespace_id, shard, chunk_bytes)
-  SELECT namespace_id, $4::smallint, chunk_bytes FROM (SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0) AS added
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes
+  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, chunk_bytes)
+  SELECT namespace_id, chunk_bytes FROM (SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0) AS added
   RETURNING 1
 ), queued AS (
   SELECT graphile_worker.add_job('execute_request', json_build_object('request_id', id), priority => -1, job_key => id, max_attempts => 25) FROM requeued
 ), notified AS (
-  SELECT sarsen.bus_notify($5::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'superseded' AS event, NULL AS arg FROM requeued) AS ev
+  SELECT sarsen.bus_notify($4::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'superseded' AS event, NULL AS arg FROM requeued) AS ev
 )
 SELECT id, attempt, (SELECT count(*) FROM unstored) + (SELECT count(*) FROM queued) + (SELECT count(*) FROM notified) AS side_effects
   FROM requeued

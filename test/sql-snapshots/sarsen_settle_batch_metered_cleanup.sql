@@ -30,24 +30,20 @@ WITH input AS (
 ), answer AS (
   INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
 ), rollup AS (
-  INSERT INTO sarsen.usage_rollup (namespace_id, shard, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes)
-  SELECT namespace_id, $24::smallint, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes FROM (SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
+  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes)
+  SELECT namespace_id, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes FROM (SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
             sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id) AS added
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET provider_calls = usage_rollup.provider_calls + EXCLUDED.provider_calls, upstream_sent_bytes = usage_rollup.upstream_sent_bytes + EXCLUDED.upstream_sent_bytes, upstream_received_bytes = usage_rollup.upstream_received_bytes + EXCLUDED.upstream_received_bytes, response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes
   RETURNING 1
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
   RETURNING 1
 ), per_key AS (
-  INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($24::smallint)::int % 4, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens FROM (SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
+  INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens)
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens FROM (SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
             count(*) FILTER (WHERE provider_call) AS provider_calls,
             sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
        FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id) AS added
-  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
-    SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events, provider_calls = key_usage_hourly.provider_calls + EXCLUDED.provider_calls, prompt_tokens = CASE WHEN EXCLUDED.prompt_tokens IS NULL THEN key_usage_hourly.prompt_tokens ELSE coalesce(key_usage_hourly.prompt_tokens, 0) + EXCLUDED.prompt_tokens END, completion_tokens = CASE WHEN EXCLUDED.completion_tokens IS NULL THEN key_usage_hourly.completion_tokens ELSE coalesce(key_usage_hourly.completion_tokens, 0) + EXCLUDED.completion_tokens END, total_tokens = CASE WHEN EXCLUDED.total_tokens IS NULL THEN key_usage_hourly.total_tokens ELSE coalesce(key_usage_hourly.total_tokens, 0) + EXCLUDED.total_tokens END
   RETURNING 1
 ), forgotten AS (
   DELETE FROM sarsen.request_credentials k USING done d WHERE k.request_id = d.id AND k.request_id = ANY($1::text[]) RETURNING 1
@@ -70,6 +66,6 @@ WITH input AS (
 ), removed AS (
   DELETE FROM graphile_worker._private_jobs AS jobs WHERE jobs.id = ANY(ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)) AND jobs.locked_at IS NULL RETURNING 1
 ), notified AS (
-  SELECT sarsen.bus_notify($25::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
+  SELECT sarsen.bus_notify($24::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
 )
 SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done

@@ -48,18 +48,14 @@ WITH input AS (
     FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
   RETURNING 1
 ), counted AS (
-  INSERT INTO sarsen.usage_rollup (namespace_id, shard, accepted_submissions, request_bytes)
-  SELECT namespace_id, $21::smallint, accepted_submissions, request_bytes FROM (SELECT namespace_id, count(*) AS accepted_submissions,
+  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, accepted_submissions, request_bytes)
+  SELECT namespace_id, accepted_submissions, request_bytes FROM (SELECT namespace_id, count(*) AS accepted_submissions,
             coalesce(sum(octet_length(body)) FILTER (WHERE request_id = id), 0) AS request_bytes
        FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id) AS added
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET accepted_submissions = usage_rollup.accepted_submissions + EXCLUDED.accepted_submissions, request_bytes = usage_rollup.request_bytes + EXCLUDED.request_bytes
   RETURNING 1
 ), hourly AS (
-  INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($21::smallint)::int % 4, ledger_events FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id, api_key_id) AS added
-  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
-    SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events
+  INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ledger_events)
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ledger_events FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
 SELECT p.request_id, p.request_id = p.id AS created, j.id::text AS job_id,

@@ -133,26 +133,22 @@ WITH given AS (
     FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
   RETURNING 1
 ), counted AS (
-  INSERT INTO sarsen.usage_rollup (namespace_id, shard, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits)
-  SELECT namespace_id, $27::smallint, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits FROM (SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
+  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits)
+  SELECT namespace_id, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits FROM (SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
             sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits
        FROM (SELECT namespace_id, CASE WHEN request_id = id THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
                FROM placed WHERE request_id IS NOT NULL AND NOT repeated
              UNION ALL
              SELECT namespace_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
       GROUP BY namespace_id) AS added
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET accepted_submissions = usage_rollup.accepted_submissions + EXCLUDED.accepted_submissions, request_bytes = usage_rollup.request_bytes + EXCLUDED.request_bytes, response_bytes = usage_rollup.response_bytes + EXCLUDED.response_bytes, chunk_bytes = usage_rollup.chunk_bytes + EXCLUDED.chunk_bytes, cache_hits = usage_rollup.cache_hits + EXCLUDED.cache_hits
   RETURNING 1
 ), hourly AS (
-  INSERT INTO sarsen.key_usage_hourly (namespace_id, api_key_id, hour, shard, ledger_events, cache_hits)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ($27::smallint)::int % 4, ledger_events, cache_hits FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
+  INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ledger_events, cache_hits)
+  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ledger_events, cache_hits FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
        FROM (SELECT namespace_id, api_key_id, 0 AS cache_hits FROM placed WHERE request_id IS NOT NULL AND NOT repeated
              UNION ALL
              SELECT namespace_id, api_key_id, 1 FROM served) AS landed
       GROUP BY namespace_id, api_key_id) AS added
-  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
-    SET ledger_events = key_usage_hourly.ledger_events + EXCLUDED.ledger_events, cache_hits = key_usage_hourly.cache_hits + EXCLUDED.cache_hits
   RETURNING 1
 )
 SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,

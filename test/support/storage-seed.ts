@@ -6,7 +6,6 @@
 // migration 020 and after it (the tables and columns are the same). Used by the migration test
 // and by bench/storage.ts.
 import type pg from 'pg';
-import { KEY_SHARDS } from '../../src/db/counters.ts';
 import { firstIdAt } from '../../src/core/ids.ts';
 
 export type SeedTarget = { tenancyId: string; namespaceId: string; apiKeyIds: string[]; backendId: string };
@@ -91,15 +90,16 @@ const LEDGER = `
 INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros, created_at)
 SELECT q.tenancy_id, q.namespace_id, q.api_key_id, q.id, 'execution', 0, q.created_at
   FROM sarsen.requests q WHERE q.namespace_id = $1 AND q.id >= $2 AND q.id < $3 ORDER BY q.id`;
-const SHARD = `(hashtext(q.id) & 15)`;
+// The shard the watcher folds counters into (src/db/counters.ts).
+const SHARD = '0';
 const HOURLY = `
 INSERT INTO sarsen.key_usage_hourly AS h (namespace_id, api_key_id, hour, shard, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens)
 SELECT namespace_id, api_key_id, hour, shard, sum(events), sum(calls), sum(prompt), sum(completion), sum(total)
-  FROM (SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at) AS hour, ${SHARD} % ${KEY_SHARDS} AS shard,
+  FROM (SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.created_at) AS hour, ${SHARD} AS shard,
                1 AS events, 0 AS calls, NULL::bigint AS prompt, NULL::bigint AS completion, NULL::bigint AS total
           FROM sarsen.requests q WHERE q.namespace_id = $1 AND q.id >= $2 AND q.id < $3
         UNION ALL
-        SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.finished_at), ${SHARD} % ${KEY_SHARDS},
+        SELECT q.namespace_id, q.api_key_id, date_trunc('hour', q.finished_at), ${SHARD},
                0, 1, q.prompt_tokens, q.completion_tokens, q.total_tokens
           FROM sarsen.requests q WHERE q.namespace_id = $1 AND q.id >= $2 AND q.id < $3) AS e
  GROUP BY 1, 2, 3, 4

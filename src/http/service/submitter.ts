@@ -10,8 +10,8 @@ import { submitBatch, submitMetered, isRefused, type NewRequest, type Submitted,
 import { RateLimitRefusal, type Refused } from '../../db/rate-limits.ts';
 import { acceptedAttempt } from '../../db/attempts.ts';
 import type { NewSubmission, RunWhereAccepted, Submitter } from '../../deps.ts';
-import { createBatcher, LINGER_TURNS, SPARE_LANE_AT } from '../../core/batcher.ts';
-import { WRITER_SHARD } from '../../db/counters.ts';
+import { countGroupCommit } from '../../metrics/metrics.ts';
+import { createBatcher, LINGER_TURNS, SPARE_LANE_AT, WRITER_LANES } from '../../core/batcher.ts';
 import { TRACING, traceFlush } from '../../trace.ts';
 import { tracer } from '../../telemetry/tracing.ts';
 import { tracedFlush } from '../../telemetry/spans.ts';
@@ -32,15 +32,15 @@ const submitSettings = (settings: Settings): SubmitSettings => ({
  * their own. `runWhereAccepted`: null in a process that does not execute.
  */
 export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: SettingsCache, runWhereAccepted: RunWhereAccepted | null): Submitter {
-  const lanes = WRITER_SHARD.submissions.length;
-  const writer = createBatchPool(conn, 'sarsen-submissions', lanes);
+  const writer = createBatchPool(conn, 'sarsen-submissions', WRITER_LANES);
   const batches = createBatcher<NewRequest, Submitted | Refused | null>(
     (batch, lane) => {
-      const flush = () => retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current()), WRITER_SHARD.submissions[lane]!), OUTAGE_PATIENCE_MS);
+      countGroupCommit('submissions', lane);
+      const flush = () => retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current())), OUTAGE_PATIENCE_MS);
       if (tracer !== null) return tracedFlush('accept:', batch.map((r) => r.id), lane, flush);
       return TRACING ? traceFlush(batch.map((r) => r.id), 'accept', flush) : flush();
     },
-    { maxBatch: MAX_BATCH, lanes, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },
+    { maxBatch: MAX_BATCH, lanes: WRITER_LANES, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },
   );
   // A repeat after a lost connection finds what the first try committed (see submitBatch).
   const commitOnce = (request: NewRequest): Promise<Submitted | Refused | null> => {
