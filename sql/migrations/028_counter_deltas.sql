@@ -37,6 +37,8 @@ CREATE TABLE sarsen.key_usage_deltas (
   cache_hits        bigint NOT NULL DEFAULT 0
 );
 
--- Rows live for a second or two: vacuum them often even where autovacuum is on.
-ALTER TABLE sarsen.usage_rollup_deltas SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
-ALTER TABLE sarsen.key_usage_deltas SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+-- Rows live for a second or two: autovacuum, where it is on, visits often (the watcher vacuums
+-- them too). No vacuum truncates them: that takes an exclusive lock, and every hot statement
+-- appends here; the space of folded rows is reused instead.
+ALTER TABLE sarsen.usage_rollup_deltas SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false);
+ALTER TABLE sarsen.key_usage_deltas SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false);

@@ -51,42 +51,31 @@ const FOLD_BATCH = 10_000;
 // time (two watchers for a moment) skips the rows this one deleted; both add in key order, so
 // neither waits on the other in a cycle. Folded counters go to shard 0 (older releases wrote to
 // 16 shards, which readers still sum).
-const FOLD_ROLLUP = `WITH gone AS (
-  DELETE FROM sarsen.usage_rollup_deltas
-   WHERE ctid = ANY(ARRAY(SELECT ctid FROM sarsen.usage_rollup_deltas LIMIT ${FOLD_BATCH}))
+const foldSql = (deltas: string, counters: string, key: readonly string[], columns: readonly string[], add: (c: string) => string) => `WITH gone AS (
+  DELETE FROM sarsen.${deltas}
+   WHERE ctid = ANY(ARRAY(SELECT ctid FROM sarsen.${deltas} LIMIT ${FOLD_BATCH}))
   RETURNING *
 ), folded AS (
-  INSERT INTO sarsen.usage_rollup AS u (namespace_id, shard, ${ROLLUP_COLUMNS.join(', ')})
-  SELECT namespace_id, 0, ${ROLLUP_COLUMNS.map((c) => `sum(${c})`).join(', ')} FROM gone GROUP BY namespace_id ORDER BY namespace_id
-  ON CONFLICT (namespace_id, shard) DO UPDATE
-    SET ${ROLLUP_COLUMNS.map((c) => `${c} = u.${c} + EXCLUDED.${c}`).join(', ')}
+  INSERT INTO sarsen.${counters} AS c (${key.join(', ')}, shard, ${columns.join(', ')})
+  SELECT ${key.join(', ')}, 0, ${columns.map((c) => `sum(${c})`).join(', ')} FROM gone GROUP BY ${key.join(', ')} ORDER BY ${key.join(', ')}
+  ON CONFLICT (${key.join(', ')}, shard) DO UPDATE
+    SET ${columns.map((c) => `${c} = ${add(c)}`).join(', ')}
   RETURNING 1
 )
 SELECT count(*)::int AS n FROM gone`;
 
-// NULL plus NULL is NULL, NULL plus a count is the count.
-const addKey = (c: KeyColumn) =>
-  NULLABLE.includes(c)
-    ? `${c} = CASE WHEN EXCLUDED.${c} IS NULL THEN h.${c} ELSE coalesce(h.${c}, 0) + EXCLUDED.${c} END`
-    : `${c} = h.${c} + EXCLUDED.${c}`;
-const FOLD_KEYS = `WITH gone AS (
-  DELETE FROM sarsen.key_usage_deltas
-   WHERE ctid = ANY(ARRAY(SELECT ctid FROM sarsen.key_usage_deltas LIMIT ${FOLD_BATCH}))
-  RETURNING *
-), folded AS (
-  INSERT INTO sarsen.key_usage_hourly AS h (namespace_id, api_key_id, hour, shard, ${KEY_COLUMNS.join(', ')})
-  SELECT namespace_id, api_key_id, hour, 0, ${KEY_COLUMNS.map((c) => `sum(${c})`).join(', ')}
-    FROM gone GROUP BY namespace_id, hour, api_key_id ORDER BY namespace_id, hour, api_key_id
-  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
-    SET ${KEY_COLUMNS.map(addKey).join(', ')}
-  RETURNING 1
-)
-SELECT count(*)::int AS n FROM gone`;
+const FOLDS = [
+  foldSql('usage_rollup_deltas', 'usage_rollup', ['namespace_id'], ROLLUP_COLUMNS, (c) => `c.${c} + EXCLUDED.${c}`),
+  // NULL plus NULL is NULL, NULL plus a count is the count.
+  foldSql('key_usage_deltas', 'key_usage_hourly', ['namespace_id', 'hour', 'api_key_id'], KEY_COLUMNS, (c) =>
+    NULLABLE.includes(c as KeyColumn) ? `CASE WHEN EXCLUDED.${c} IS NULL THEN c.${c} ELSE coalesce(c.${c}, 0) + EXCLUDED.${c} END` : `c.${c} + EXCLUDED.${c}`,
+  ),
+];
 
 /** Folds every delta committed so far into the counters. Answers how many it folded. */
 export async function foldCounters(pool: Pick<Pool, 'query'>): Promise<number> {
   let total = 0;
-  for (const sql of [FOLD_ROLLUP, FOLD_KEYS]) {
+  for (const sql of FOLDS) {
     for (;;) {
       const { rows } = await pool.query<{ n: number }>(sql);
       total += rows[0]!.n;

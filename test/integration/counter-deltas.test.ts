@@ -82,6 +82,16 @@ describe('counter deltas', function () {
     await exact();
   });
 
+  it('are never truncated by a vacuum, whose exclusive lock would hold up every hot statement', async () => {
+    const { rows } = await server.pool.query<{ relname: string; reloptions: string[] }>(
+      `SELECT relname, reloptions FROM pg_class WHERE oid IN ('sarsen.usage_rollup_deltas'::regclass, 'sarsen.key_usage_deltas'::regclass) ORDER BY relname`,
+    );
+    expect(rows.map((r) => [r.relname, r.reloptions.includes('vacuum_truncate=false')])).to.deep.equal([
+      ['key_usage_deltas', true],
+      ['usage_rollup_deltas', true],
+    ]);
+  });
+
   it('fold token sums as the hourly rows keep them: null until something reports a number', async () => {
     const t = await provision(server, provider);
     const hour = (await server.pool.query<{ h: Date }>(`SELECT date_trunc('hour', now()) AS h`)).rows[0]!.h;
