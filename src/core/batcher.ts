@@ -32,8 +32,8 @@ export type Batcher<T, R> = {
 export type BatcherOptions = {
   maxBatch: number;
   /**
-   * Flushes in flight at once, each on a lane of its own that the flush is told (its connection). Items carry no order across lanes: a writer whose items must land in
-   * order keeps one.
+   * Flushes in flight at once, each on a lane of its own that the flush is told. Items carry no
+   * order across lanes: a writer whose items must land in order keeps one.
    */
   lanes?: number;
   /** Items that must wait before a lane opens beside one in flight. */

@@ -165,8 +165,8 @@ SELECT api_key_id, sum(ledger_events)::bigint AS ledger_events, sum(provider_cal
 
 /**
  * Per-key figures over the window from `since` (exact to the millisecond) to now: whole hours
- * from the hourly rollup and its deltas, and the rest of the hour `since` falls in from the ledger and the
- * request rows (an index range over at most that hour). A token sum is null when nothing in
+ * from the hourly rollup and its deltas, and the rest of the hour `since` falls in from the
+ * ledger and the request rows (an index range over at most that hour). A token sum is null when nothing in
  * the window reported one.
  */
 export async function usageByKey(pool: Pool, namespaceId: string, since: Date): Promise<KeyUsage[]> {
