@@ -3,10 +3,9 @@
 -- What the write paths add to the counters, appended instead of added in place (docs/accounting.md
 -- "How the counters are kept"). Until now every submission, terminal write and flush of frames
 -- ended with INSERT ... ON CONFLICT DO UPDATE on sarsen.usage_rollup and sarsen.key_usage_hourly:
--- a few rows updated thousands of times a second, each update a new row version on the same page
--- and a row lock held to the commit, the largest part of the hot statements PostgreSQL's time
--- went to that nothing read. Now each statement appends one plain row per namespace (and per key)
--- to these tables, which have no index and no key: nothing to look up, nothing to lock.
+-- a few rows updated thousands of times a second, each update a new row version on the same pages
+-- and a row lock held to the commit. Now each statement appends one plain row per namespace (and
+-- per key) to these tables, which have no index and no key: nothing to look up, nothing to lock.
 --
 -- The executor watching the others folds them in (src/db/counters.ts foldCounters): in one
 -- transaction it deletes a batch of deltas and adds their sums to the counters, so every snapshot
