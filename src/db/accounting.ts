@@ -5,6 +5,7 @@ import { prepared } from './pool.ts';
 import { firstIdAt } from '../core/ids.ts';
 import type { ListingFilter } from '../core/listing-filter.ts';
 import { RETIRED } from './partitions.ts';
+import { ROLLUP_COLUMNS } from './counters.ts';
 
 export type ListingRow = {
   id: string;
@@ -94,20 +95,16 @@ export type Totals = {
   cache_hits: number;
 };
 
-const TOTALS = Object.keys({
-  accepted_submissions: 0, provider_calls: 0, upstream_sent_bytes: 0, upstream_received_bytes: 0, request_bytes: 0, response_bytes: 0, chunk_bytes: 0, cache_hits: 0,
-} satisfies Totals);
-
 /**
  * The all-time namespace counters: the folded rows (a few shards) and the deltas not yet folded,
  * in one snapshot, so each delta is counted once (src/db/counters.ts).
  */
 export async function namespaceTotals(pool: Pool, namespaceId: string): Promise<Totals> {
   const { rows } = await pool.query<Totals>(
-    `SELECT ${TOTALS.map((c) => `coalesce(sum(${c}), 0)::bigint AS ${c}`).join(', ')}
-       FROM (SELECT ${TOTALS.join(', ')} FROM sarsen.usage_rollup WHERE namespace_id = $1
+    `SELECT ${ROLLUP_COLUMNS.map((c) => `coalesce(sum(${c}), 0)::bigint AS ${c}`).join(', ')}
+       FROM (SELECT ${ROLLUP_COLUMNS.join(', ')} FROM sarsen.usage_rollup WHERE namespace_id = $1
              UNION ALL
-             SELECT ${TOTALS.join(', ')} FROM sarsen.usage_rollup_deltas WHERE namespace_id = $1) AS counted`,
+             SELECT ${ROLLUP_COLUMNS.join(', ')} FROM sarsen.usage_rollup_deltas WHERE namespace_id = $1) AS counted`,
     [namespaceId],
   );
   return rows[0]!;

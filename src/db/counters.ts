@@ -15,7 +15,8 @@ type RollupColumn =
   | 'response_bytes'
   | 'chunk_bytes'
   | 'cache_hits';
-const ROLLUP_COLUMNS: readonly RollupColumn[] = [
+/** Every column of the namespace totals, as GET /usage and GET /storage read them. */
+export const ROLLUP_COLUMNS: readonly RollupColumn[] = [
   'accepted_submissions', 'provider_calls', 'upstream_sent_bytes', 'upstream_received_bytes', 'request_bytes', 'response_bytes', 'chunk_bytes', 'cache_hits',
 ];
 
