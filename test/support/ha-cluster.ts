@@ -7,8 +7,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import net from 'node:net';
 import path from 'node:path';
-import { execFile, execFileSync } from 'node:child_process';
-import { promisify } from 'node:util';
+import { execFileSync } from 'node:child_process';
 import pg from 'pg';
 import { spawnProcess, type SarsenChild } from './child.ts';
 
@@ -31,7 +30,7 @@ export type HaCluster = {
   stopMonitor(): Promise<void>;
   /** Starts the monitor again; it promotes the standby of a primary it finds gone. */
   startMonitor(): Promise<void>;
-  /** pg_autoctl perform switchover: the secondary becomes primary, the primary secondary. */
+  /** A planned switchover (pgautofailover.perform_failover): the secondary becomes primary, the primary secondary. */
   switchover(): Promise<void>;
   /**
    * Samples, every `everyMs`, each node's role and synchronous_standby_names and the monitor's
@@ -227,9 +226,38 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
       await until('monitor up again', 30_000, async () => (await query(monitorPort, 'pg_auto_failover', 'SELECT 1')).length > 0 || undefined);
     },
     async switchover() {
-      // (Not execFileSync: the load runs on this event loop meanwhile.)
-      const [file, argv] = command(['perform', 'switchover', '--pgdata', monitorData, '--wait', '120']);
-      await promisify(execFile)(file, argv, { env, cwd: dir, timeout: 180_000 });
+      // pg_auto_failover 2.0's monitor reads a reporting node's row before it takes the group's
+      // lock (NodeActive). A primary's keeper reporting while perform_failover runs then writes
+      // its stale view back: the primary's goal `draining` becomes `wait_primary`, so it keeps
+      // taking writes with no synchronous standby while the standby is promoted, and whatever it
+      // acknowledges in those seconds is lost to every client (hapostgres/pg_auto_failover#774,
+      // fixed upstream after 2.2). A keeper reports once a second when nothing changes, so the
+      // failover is started just after the primary's report, far from its next one.
+      const c = new pg.Client({ host: '127.0.0.1', port: monitorPort, user: 'postgres', database: 'pg_auto_failover' });
+      c.on('error', () => undefined);
+      await c.connect();
+      try {
+        const reported = async () =>
+          (await c.query<{ nodename: string; at: string }>(`SELECT nodename, reporttime::text AS at FROM pgautofailover.node WHERE reportedstate = 'primary' AND goalstate = 'primary'`)).rows[0];
+        const before = await reported();
+        if (!before) throw new Error(`HA cluster: no stable primary to switch over from; ${await describe()}`);
+        await until('the primary\'s next report', 5000, async () => ((await reported())?.at !== before.at ? true : undefined), 5);
+        const since = (await c.query<{ now: string }>('SELECT now()::text AS now')).rows[0]!.now;
+        await c.query(`SELECT pgautofailover.perform_failover('default', 0)`);
+        const standby = nodes.find((n) => n.name !== before.nodename)!;
+        await until('the standby promoted', 120_000, async () => {
+          const s = await states();
+          return s.some((r) => r.nodename === standby.name && r.reportedstate === 'primary') ? true : undefined;
+        });
+        // Had the race happened anyway, say so here rather than only through what was lost.
+        const { rows } = await c.query<{ description: string }>(
+          `SELECT description FROM pgautofailover.event WHERE eventtime >= $1::timestamptz AND goalstate = 'wait_primary' AND nodename = $2`,
+          [since, before.nodename],
+        );
+        if (rows.length) throw new Error(`HA cluster: the monitor gave the old primary wait_primary during the switchover (pg_auto_failover#774): ${rows.map((r) => r.description).join('; ')}`);
+      } finally {
+        await c.end().catch(() => undefined);
+      }
     },
     watch(everyMs = 200) {
       const lines: string[] = [];
