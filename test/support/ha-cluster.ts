@@ -242,7 +242,8 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
         const before = await reported();
         if (!before) throw new Error(`HA cluster: no stable primary to switch over from; ${await describe()}`);
         await until('the primary\'s next report', 5000, async () => ((await reported())?.at !== before.at ? true : undefined), 5);
-        const since = (await c.query<{ now: string }>('SELECT now()::text AS now')).rows[0]!.now;
+        // (By event id: a racing report's transaction, and so its events' time, began before this call.)
+        const since = (await c.query<{ id: string }>('SELECT coalesce(max(eventid), 0)::text AS id FROM pgautofailover.event')).rows[0]!.id;
         await c.query(`SELECT pgautofailover.perform_failover('default', 0)`);
         const standby = nodes.find((n) => n.name !== before.nodename)!;
         await until('the standby promoted', 120_000, async () => {
@@ -251,7 +252,7 @@ export async function startHaCluster(opts: { database?: string } = {}): Promise<
         });
         // Had the race happened anyway, say so here rather than only through what was lost.
         const { rows } = await c.query<{ description: string }>(
-          `SELECT description FROM pgautofailover.event WHERE eventtime >= $1::timestamptz AND goalstate = 'wait_primary' AND nodename = $2`,
+          `SELECT description FROM pgautofailover.event WHERE eventid > $1::bigint AND goalstate = 'wait_primary' AND nodename = $2`,
           [since, before.nodename],
         );
         if (rows.length) throw new Error(`HA cluster: the monitor gave the old primary wait_primary during the switchover (pg_auto_failover#774): ${rows.map((r) => r.description).join('; ')}`);
