@@ -5,7 +5,7 @@ import { prepared } from './pool.ts';
 import { firstIdAt } from '../core/ids.ts';
 import type { ListingFilter } from '../core/listing-filter.ts';
 import { RETIRED } from './partitions.ts';
-import { ROLLUP_COLUMNS } from './counters.ts';
+import { ROLLUP_COLUMNS, type RollupColumn } from './counters.ts';
 
 export type ListingRow = {
   id: string;
@@ -84,16 +84,8 @@ export async function findListingRow(pool: Pool, namespaceId: string, id: string
   return rows[0] ?? null;
 }
 
-export type Totals = {
-  accepted_submissions: number;
-  provider_calls: number;
-  upstream_sent_bytes: number;
-  upstream_received_bytes: number;
-  request_bytes: number;
-  response_bytes: number;
-  chunk_bytes: number;
-  cache_hits: number;
-};
+/** The namespace totals, one number per counter column. */
+export type Totals = Record<RollupColumn, number>;
 
 /**
  * The all-time namespace counters: the folded rows (a few shards) and the deltas not yet folded,

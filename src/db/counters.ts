@@ -6,7 +6,7 @@
 // (foldCounters), and readers sum both, so every figure is exact to the last commit.
 import type { Pool } from './pool.ts';
 
-type RollupColumn =
+export type RollupColumn =
   | 'accepted_submissions'
   | 'provider_calls'
   | 'upstream_sent_bytes'
