@@ -1,5 +1,5 @@
-// What one group-commit flush costs by the size of its batch (docs/performance.md "What a flush
-// costs"): the submission statement and the terminal write, each committed on its own, through
+// What one group-commit flush costs by the size of its batch (docs/performance.md "What
+// bounds the figures"): the submission statement and the terminal write, each committed on its own, through
 // the statements Sarsen runs (src/db/submissions.ts, src/db/attempts.ts) on one batch connection
 // of a fresh database, nothing else running. For each batch size it prints the time of a flush
 // as the writer waits for it, its share per item, and the CPU the database backend and the

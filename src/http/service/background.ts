@@ -113,7 +113,7 @@ async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> 
 
 /**
  * The stored events after `startingAfter` byte for byte, then the live tail (docs/api.md
- * "Resuming a stream"). A position is the provider's `sequence_number`, or where the provider
+ * "Background responses"). A position is the provider's `sequence_number`, or where the provider
  * numbers none, the event's place in its attempt counted from 0. A position is one attempt's:
  * when that attempt was discarded, the reader gets the dialect's `error` event instead.
  */
