@@ -1,7 +1,7 @@
-// An OTLP/HTTP receiver that takes every export and keeps nothing, for measuring what tracing
-// costs Sarsen (docs/performance.md "Costs measured in isolation"): `node bench/lib/otlp-sink.ts [port]`, then run a
-// benchmark with --child-env OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:<port>. It prints the
-// spans' bytes and exports received when stopped.
+// An OTLP/HTTP receiver that takes every export and keeps nothing, for measuring what tracing costs
+// Sarsen (docs/performance.md "Costs measured in isolation"): `node bench/lib/otlp-sink.ts [port]`,
+// then run a benchmark with --child-env OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:<port>. It
+// prints the spans' bytes and exports received when stopped.
 import http from 'node:http';
 
 const port = Number(process.argv[2] ?? 4318);
