@@ -1,4 +1,8 @@
 // Every router the API role serves, in mount order. The executor role serves health only.
+// The service routes come first: a router a request leaves without an answer hands it on
+// through setImmediate (express's router), so a service call mounted behind the console and
+// administration routers waited two turns of the event loop before its handler ran. No
+// administration or console path matches a service route (/{tenancy}/{namespace}/v1/...).
 import type { Router } from 'express';
 import type { Deps } from '../deps.ts';
 import { adminRouter } from './admin/index.ts';
@@ -11,7 +15,7 @@ export type ApiRouters = { routers: Router[]; close(): Promise<void> };
 
 export function apiRouters(deps: Deps): ApiRouters {
   return {
-    routers: [consoleRouter(), adminRouter(deps), serviceRouter(deps)],
+    routers: [serviceRouter(deps), adminRouter(deps), consoleRouter()],
     // After the listener has drained: write pending API key last-used times, drop caches.
     close: async () => {
       await closeServiceAuth(deps);
