@@ -4,7 +4,7 @@
 // reduced to name/code/message by `errorFields`.
 import fs from 'node:fs';
 import winston from 'winston';
-import { Writable } from 'node:stream';
+import TransportStream from 'winston-transport';
 import { inspect } from 'node:util';
 
 export const LOG_LEVELS = ['error', 'warn', 'info', 'debug'] as const;
@@ -84,15 +84,21 @@ export function writeStdout(text: string): void {
   else if (!timer) timer = setTimeout(flushStdout, FLUSH_MS).unref();
 }
 
-const stdoutTransport = new winston.transports.Stream({
-  stream: new Writable({
-    decodeStrings: false,
-    write(chunk: string | Buffer, _enc, done) {
-      writeStdout(String(chunk));
-      done();
+/**
+ * A transport that hands each formatted line to `write` and nothing more: winston's own Stream
+ * transport adds a Node stream and a setImmediate per line (docs/decisions.md "Log lines are batched").
+ */
+function lineTransport(write: (line: string) => void, opts: { level?: LogLevel; format?: winston.Logform.Format } = {}): TransportStream {
+  return new TransportStream({
+    ...opts,
+    log(info: Record<string | symbol, unknown>, next: () => void) {
+      write(`${String(info[MESSAGE_SYMBOL])}\n`);
+      next();
     },
-  }),
-});
+  });
+}
+
+const stdoutTransport = lineTransport(writeStdout);
 
 export const logger = winston.createLogger({
   level: 'info',
@@ -117,16 +123,7 @@ export function configureLogging(opts: { role?: string; worker?: number | 'prima
 
 /** Adds a sink receiving every log line as JSON (tests use it to prove what never gets logged). */
 export function addLogSink(onLine: (line: string) => void): () => void {
-  const transport = new winston.transports.Stream({
-    level: 'debug',
-    format: winston.format.json(),
-    stream: new Writable({
-      write(chunk, _enc, done) {
-        onLine(String(chunk));
-        done();
-      },
-    }),
-  });
+  const transport = lineTransport(onLine, { level: 'debug', format: winston.format.json() });
   logger.add(transport);
   return () => {
     logger.remove(transport);
