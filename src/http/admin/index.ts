@@ -21,9 +21,9 @@ import { batchConsoleRoutes } from './batches.ts';
 export const ADMIN_PATH = /^\/[^/]+\/v1(?:\/|$)/i;
 
 /**
- * The administration routes. A request whose path is not under /{tenancy}/v1 (a service call is
- * /{tenancy}/{namespace}/v1/...) leaves the router at its first step instead of being tried
- * against each of its routes in turn (issue 44: a few µs of CPU a request).
+ * The administration routes. A request whose path is not under /{tenancy}/v1 (a console page, a
+ * path nothing serves) leaves the router at its first step instead of being tried against each
+ * of its routes in turn. Service calls (/{tenancy}/{namespace}/v1/...) are routed before it (routes.ts).
  */
 export function adminRouter(deps: Deps): Router {
   const router = express.Router();
