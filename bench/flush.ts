@@ -1,11 +1,12 @@
-// What one group-commit flush costs by the size of its batch (docs/performance.md "What
-// bounds the figures"): the submission statement and the terminal write, each committed on its
-// own, through the statements Sarsen runs (src/db/submissions.ts, src/db/attempts.ts) on one
-// batch connection of a fresh database, nothing else running. For each batch size it prints the
-// time of a flush as the writer waits for it, its share per item, and the CPU the database
-// backend and the writer (this process: building the statement, the driver, the socket) spent per
-// item on both; then lines fitted through the sizes: what a flush costs whatever its size, and
-// what each item adds. The fixed part is what a request pays alone at low concurrency, and twice.
+// What one group-commit flush costs by the size of its batch
+// (docs/performance.md "What bounds the figures"): the submission statement and the terminal
+// write, each committed on its own, through the statements Sarsen runs (src/db/submissions.ts,
+// src/db/attempts.ts) on one batch connection of a fresh database, nothing else running. For
+// each batch size it prints the time of a flush as the writer waits for it, its share per item,
+// and the CPU the database backend and the writer (this process: building the statement, the
+// driver, the socket) spent per item on both; then lines fitted through the sizes: what a flush
+// costs whatever its size, and what each item adds. The fixed part is what a request pays alone
+// at low concurrency, and twice.
 //
 // `--limited` gives every submission a key with rate limits that are checked but never reached,
 // so the statement carries the limit check (src/db/rate-limits.ts). `--explain N` then runs one

@@ -2,8 +2,8 @@
 // forwards each POST to the provider with node:http and pipes the answer back as it comes,
 // storing nothing, parsing nothing, checking nothing. What it spends a frame is what reading a
 // frame from one socket and writing it to another costs Node on this machine, so it bounds from
-// below what any Node proxy, Sarsen included, spends (docs/performance.md "What
-// bounds the figures"). Prints `listening <url>` once bound.
+// below what any Node proxy, Sarsen included, spends
+// (docs/performance.md "What bounds the figures"). Prints `listening <url>` once bound.
 //
 //   node bench/lib/relay-process.ts --to http://127.0.0.1:PORT
 import http from 'node:http';
