@@ -12,31 +12,36 @@ import { makeSecretsDir, sarsenEnv, spawnNode, type SarsenChild } from '../../te
 import type { Settings } from '../../src/config/settings.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-let built: string | null = null;
+const built = new Map<string, string>();
 
 /**
  * Sarsen compiled (`tsc -p tsconfig.build.json`) into a temporary directory laid out as the
  * image lays out /app (the SQL and the console's pages beside the code, package.json, the
  * project's node_modules), once per benchmark process; answers its main script. Run from its
  * TypeScript sources, Node also holds its type stripper for the life of the process
- * (docs/performance.md "Memory"), and the image never runs that way.
+ * (docs/performance.md "Memory"), and the image never runs that way. `root`: another checkout's
+ * sources (bench/ab.ts builds a base commit), compiled with this checkout's TypeScript and run
+ * with its node_modules.
  */
-export function compiledMain(): string {
-  if (built) return built;
+export function compiledMain(root = ROOT): string {
+  const done = built.get(root);
+  if (done) return done;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-bench-build-'));
   process.once('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
-  process.stderr.write('[bench] compiling Sarsen as the image runs it (tsc -p tsconfig.build.json)\n');
-  execFileSync(process.execPath, [path.join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', path.join(ROOT, 'tsconfig.build.json'), '--outDir', dir], { stdio: 'inherit' });
-  fs.cpSync(path.join(ROOT, 'sql'), path.join(dir, 'sql'), { recursive: true });
-  fs.cpSync(path.join(ROOT, 'src/http/console/static'), path.join(dir, 'src/http/console/static'), { recursive: true });
-  fs.copyFileSync(path.join(ROOT, 'package.json'), path.join(dir, 'package.json'));
+  process.stderr.write(`[bench] compiling Sarsen${root === ROOT ? '' : ` from ${root}`} as the image runs it (tsc -p tsconfig.build.json)\n`);
+  execFileSync(process.execPath, [path.join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', path.join(root, 'tsconfig.build.json'), '--outDir', dir], { stdio: 'inherit' });
+  fs.cpSync(path.join(root, 'sql'), path.join(dir, 'sql'), { recursive: true });
+  fs.cpSync(path.join(root, 'src/http/console/static'), path.join(dir, 'src/http/console/static'), { recursive: true });
+  fs.copyFileSync(path.join(root, 'package.json'), path.join(dir, 'package.json'));
   fs.symlinkSync(path.join(ROOT, 'node_modules'), path.join(dir, 'node_modules'));
-  return (built = path.join(dir, 'src/main.js'));
+  const main = path.join(dir, 'src/main.js');
+  built.set(root, main);
+  return main;
 }
 
-/** Spawns the compiled Sarsen with `args`. */
-export function spawnBenchSarsen(args: string[], env: NodeJS.ProcessEnv): SarsenChild {
-  return spawnNode(compiledMain(), args, env, 'sarsen');
+/** Spawns the compiled Sarsen (`main`: another build's, from compiledMain) with `args`. */
+export function spawnBenchSarsen(args: string[], env: NodeJS.ProcessEnv, main = compiledMain()): SarsenChild {
+  return spawnNode(main, args, env, 'sarsen');
 }
 
 /**
@@ -63,6 +68,8 @@ export type BenchSarsenOptions = {
   via?: { host: string; port: number };
   /** `--processes`: more than one waits for every worker to be ready; 'default' passes none (nor CTX_PROCESSES), as a user starts it. */
   processes?: number | 'default';
+  /** The build to run (compiledMain of another checkout); this checkout's by default. */
+  main?: string;
 };
 
 export async function killWithGrace(child: SarsenChild, graceMs: number): Promise<void> {
@@ -83,7 +90,7 @@ export async function startBenchSarsen(opts: BenchSarsenOptions = {}): Promise<B
   const env = sarsenEnv(conn, secrets.dir, { ...SARSEN_RUNTIME_ENV, ...opts.env });
   if (processes === 'default') delete env.CTX_PROCESSES;
   const count = processes === 'default' ? [] : ['--processes', String(processes)];
-  const child = spawnBenchSarsen(['--port', '0', '--host', '127.0.0.1', ...count, ...(opts.args ?? [])], env);
+  const child = spawnBenchSarsen(['--port', '0', '--host', '127.0.0.1', ...count, ...(opts.args ?? [])], env, opts.main);
   let stopping: Promise<void> | null = null;
   const stop = (graceMs = 15_000) =>
     (stopping ??= (async () => {
