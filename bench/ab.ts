@@ -6,6 +6,8 @@
 // a noisy machine is larger than most changes (docs/performance.md "What bounds the figures").
 //
 // Run: npm run bench:ab -- --base <commit> [--concurrency 16,64 --rounds 4 --seconds 8 --warmup 2]
+// A runtime setting is judged the same way, one build against itself: --base HEAD --head-env
+// NODE_OPTIONS=... (the head's child only; --child-env goes to both).
 // The base is checked out with `git archive` into a temporary directory and compiled with this
 // checkout's TypeScript and node_modules: a base whose dependencies differ is not comparable.
 import fs from 'node:fs';
@@ -35,6 +37,8 @@ const args = benchArgs({
   'allow-non-durable': { type: 'boolean', default: false },
   // Environment of both Sarsen children beyond the runtime settings: --child-env NODE_OPTIONS=...
   'child-env': { type: 'string', multiple: true, default: [] },
+  // The head's child only, over --child-env: a runtime setting against the same build (--base HEAD).
+  'head-env': { type: 'string', multiple: true, default: [] },
 });
 const LEVELS = args.concurrency.split(',').map(Number);
 const ROUNDS = Number(args.rounds);
@@ -44,6 +48,9 @@ if (!args.base || ![ROUNDS, SECONDS, WARMUP, ...LEVELS].every((n) => Number.isIn
   throw new Error('usage: --base <commit> --concurrency 16,64 --rounds N (≥ 1) --seconds N (≥ 1) --warmup N');
 }
 const CHILD_ENV = childEnv(args['child-env']);
+const HEAD_ENV = childEnv([...args['child-env'], ...args['head-env']]);
+const envOf = (name: Build['name']) => (name === 'head' ? HEAD_ENV : CHILD_ENV);
+const describeEnv = (env: Record<string, string>) => Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ');
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const TAG = Math.random().toString(36).slice(2, 8);
 const BODY = `{"model":"gpt-bench","messages":[{"role":"user","content":"ab ${TAG} {n}"}]}`;
@@ -77,7 +84,7 @@ function describeHead(): string {
 }
 
 async function start(build: Build, providerUrl: string): Promise<Running> {
-  const sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 }, env: CHILD_ENV, main: build.main });
+  const sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000 }, env: envOf(build.name), main: build.main });
   const pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
   const tenant = await provisionChat(sarsen.url, pool, providerUrl);
   return { ...build, sarsen, pool, url: `${sarsen.url}${tenant.basePath}/chat/completions`, headers: { 'content-type': 'application/json', 'x-sarsen-key': tenant.key } };
@@ -126,7 +133,7 @@ async function main(): Promise<void> {
     out(`Sarsen A/B benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}; node ${process.version}; ${wrk}`);
     out(`database: ${db.describe}`);
-    out(`base ${builds[0]!.what} against head ${builds[1]!.what}: both compiled, role both, one process each, ${Object.entries(CHILD_ENV).map(([k, v]) => `${k}=${v}`).join(' ')}; both running throughout, loaded in turn; ${ROUNDS} rounds; ${SECONDS} s measured after ${WARMUP} s of warm-up; every body distinct`);
+    out(`base ${builds[0]!.what} against head ${builds[1]!.what}: both compiled, role both, one process each, ${describeEnv(CHILD_ENV)}${args['head-env'].length > 0 ? ` (the head: ${describeEnv(HEAD_ENV)})` : ''}; both running throughout, loaded in turn; ${ROUNDS} rounds; ${SECONDS} s measured after ${WARMUP} s of warm-up; every body distinct`);
     out();
 
     const runs = new Map<number, [Run, Run][]>(LEVELS.map((c) => [c, []]));
