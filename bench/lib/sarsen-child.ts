@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { createTestDatabase, type TestDatabase } from '../../test/support/db.ts';
 import { makeSecretsDir, sarsenEnv, spawnNode, type SarsenChild } from '../../test/support/child.ts';
 import type { Settings } from '../../src/config/settings.ts';
+import { runtimeSettings } from '../../src/core/runtime-flags.ts';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const built = new Map<string, string>();
@@ -47,9 +48,10 @@ export function spawnBenchSarsen(args: string[], env: NodeJS.ProcessEnv, main = 
 /**
  * The runtime settings bin/sarsen.js gives Sarsen wherever it is started for real (npm start,
  * the image) on a machine without a memory limit (docs/operations.md "Runtime memory
- * settings"). Benchmarks start main.js directly, so they set them here.
+ * settings"). Benchmarks start main.js directly, so they set them here, from the same rule.
  */
-export const SARSEN_RUNTIME_ENV: Record<string, string> = { MALLOC_ARENA_MAX: '2', NODE_OPTIONS: '--max-semi-space-size=16 --max-old-space-size=1024' };
+const RUNTIME = runtimeSettings({ constrained: undefined, total: os.totalmem(), given: [], env: {} });
+export const SARSEN_RUNTIME_ENV: Record<string, string> = { ...RUNTIME.env, NODE_OPTIONS: RUNTIME.flags.join(' ') };
 
 export type BenchSarsen = {
   url: string;
