@@ -44,6 +44,7 @@ import { shutdownDatabases } from '../test/support/db.ts';
 import { spawnNode, type SarsenChild } from '../test/support/child.ts';
 import { createPool } from '../src/db/pool.ts';
 import { benchDatabase } from './lib/database.ts';
+import { describeCommitLatency, measureCommitLatency } from './lib/commit-latency.ts';
 import { startGateway, type Gateway } from './lib/gateway.ts';
 import { startBenchSarsen, type BenchSarsen, childEnv } from './lib/sarsen-child.ts';
 import { provisionChat } from './lib/provision.ts';
@@ -199,6 +200,7 @@ async function main(): Promise<void> {
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}`);
     out(`node ${process.version}; load generator ${wrk}; gateway @portkey-ai/gateway ${gateway.version}; provider: a Node process answering at once (streams: ${FRAMES} frames ${PACE_MS} ms apart)`);
     out(`database: ${db.describe}`);
+    out(`commit: ${describeCommitLatency(await measureCommitLatency())}`);
     out(`Sarsen: role both, --processes ${SARSEN_PROCESSES} (the processes phase: 1 and 2)${args['sarsen-arg'].map((a) => ` ${a}`).join('')}, ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases, another for the streaming ones, another for the long streams; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase (non-streaming: ${ROUNDS} rounds of every side at every level); every body distinct`);
     out();
 

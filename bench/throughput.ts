@@ -13,6 +13,7 @@ import type pg from 'pg';
 import { startFakeProvider, type FakeProvider } from '../test/support/fake-provider.ts';
 import { shutdownDatabases } from '../test/support/db.ts';
 import { benchDatabase } from './lib/database.ts';
+import { describeCommitLatency, measureCommitLatency } from './lib/commit-latency.ts';
 import { createPool } from '../src/db/pool.ts';
 import { startBenchSarsen, type BenchSarsen } from './lib/sarsen-child.ts';
 import { provisionChat, type BenchTenant } from './lib/provision.ts';
@@ -177,6 +178,7 @@ async function main(): Promise<void> {
     out(`Sarsen throughput benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}; node ${process.version}`);
     out(`database: ${db.describe}`);
+    out(`commit: ${describeCommitLatency(await measureCommitLatency())}`);
     out(`load: closed loop, ${warmupMs / 1000} s warm-up + ${durationMs / 1000} s measured per phase; fake provider in this process; Sarsen ${sarsen.url} (role both, child pid ${sarsenPid})`);
     out();
 
