@@ -2,8 +2,9 @@
 // kept busy by spinning processes at the lowest priority (docs/performance.md "What bounds the
 // figures"). On nested virtual machines a disk flush that completes while every vCPU is busy is
 // noticed late: on AG a commit cost ten times as much under load as alone. That, not PostgreSQL's
-// CPU, then bounds a durable proxy at moderate concurrency, and a stateless gateway never pays it. The figure is the p50 of one-row INSERTs through node-pg, each its own
-// transaction, on one connection to a fresh database of the benchmark's server.
+// CPU, then bounds a durable proxy at moderate concurrency, and a stateless gateway never pays it.
+// The figure is the p50 of one-row INSERTs through node-pg, each its own transaction, on one
+// connection to a fresh database of the benchmark's server.
 import { spawn, type ChildProcess } from 'node:child_process';
 import os from 'node:os';
 import pg from 'pg';
@@ -27,11 +28,12 @@ async function commitsFor(client: pg.Client, ms: number): Promise<number> {
 }
 
 // One spinner on each CPU this process may use, pinned there when taskset is at hand: two left to
-// the scheduler may share one CPU for seconds, leaving the other idle.
+// the scheduler may share one CPU for seconds, leaving the other idle. Each stops by itself soon
+// after the measurement, should this process die before it kills them.
 function spinners(): ChildProcess[] {
   const pin = hasTaskset();
   return allowedCpus().map((cpu) => {
-    const spin = [process.execPath, '-e', 'for (;;) {}'];
+    const spin = [process.execPath, '-e', `const end = Date.now() + ${(SECONDS + 3) * 1000}; while (Date.now() < end);`];
     const child = pin ? spawn('taskset', ['-c', String(cpu), ...spin], { stdio: 'ignore' }) : spawn(spin[0]!, spin.slice(1), { stdio: 'ignore' });
     try {
       os.setPriority(child.pid!, 19);
