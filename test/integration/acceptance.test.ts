@@ -100,6 +100,9 @@ describe('claimed at acceptance (role both)', function () {
       const ids: string[] = [];
       for (let i = 0; i < 4; i++) ids.push(await submit(t, `overflow ${i}`));
       await until(async () => ((await Promise.all(ids.map((id) => rowOf(server.pool, id)))).every((r) => r.status === 'succeeded') ? true : undefined), 20_000);
+      // A job run through the queue is completed by graphile-worker once its task returns, a moment
+      // after the terminal write committed: wait for that, then none may remain.
+      await until(async () => ((await Promise.all(ids.map((id) => jobOf(server.pool, id)))).every((jobs) => jobs.length === 0) ? true : undefined), 5_000).catch(() => undefined);
       for (const id of ids) {
         expect(await rowOf(server.pool, id)).to.include({ attempts: 1, recoveries: 0 });
         expect(await jobOf(server.pool, id)).to.deep.equal([]);
