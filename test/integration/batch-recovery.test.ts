@@ -50,8 +50,12 @@ describe('a batch through executor deaths', function () {
         if (now.status !== 'in_progress') break;
         // A replacement first, so the batch always has an executor.
         const fresh = await d.start('executor');
-        // The oldest: it has had time to take work.
-        const victim = executors[0]!;
+        // The one running the most attempts, so that the kill lands on work in flight (the oldest
+        // when none runs any).
+        const { rows: holders } = await d.pool.query<{ owner: string }>(
+          `SELECT lease_owner AS owner FROM sarsen.requests WHERE status = 'running' AND lease_owner IS NOT NULL GROUP BY lease_owner ORDER BY count(*) DESC`,
+        );
+        const victim = holders.map((h) => executors.find((e) => e.owner === h.owner)).find((e) => e !== undefined) ?? executors[0]!;
         await victim.kill('SIGKILL');
         kills++;
         executors = [...executors.filter((e) => e !== victim), fresh];
