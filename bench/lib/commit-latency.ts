@@ -34,7 +34,8 @@ function spinners(): ChildProcess[] {
   const pin = hasTaskset();
   return allowedCpus().map((cpu) => {
     const spin = [process.execPath, '-e', `const end = Date.now() + ${(SECONDS + 3) * 1000}; while (Date.now() < end);`];
-    const child = pin ? spawn('taskset', ['-c', String(cpu), ...spin], { stdio: 'ignore' }) : spawn(spin[0]!, spin.slice(1), { stdio: 'ignore' });
+    const [command, ...args] = pin ? ['taskset', '-c', String(cpu), ...spin] : spin;
+    const child = spawn(command!, args, { stdio: 'ignore' });
     try {
       os.setPriority(child.pid!, 19);
     } catch {
