@@ -1,6 +1,6 @@
 // The serving process gives back what a burst took once it goes quiet (the decision is
 // src/core/idle-collection.ts): a sample a second, and a full collection when the process
-// grew and its event loop is idle.
+// grew and its event loop is idle, soon after callers leave.
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { createIdleCollection } from './core/idle-collection.ts';
@@ -8,8 +8,8 @@ import { createIdleCollection } from './core/idle-collection.ts';
 const SAMPLE_MS = 1_000;
 const OPTIONS = { growthBytes: 16 * 1024 * 1024, idleUtilization: 0.05, busyUtilization: 0.25, firstDelayMs: 10_000, maxDelayMs: 300_000 };
 
-/** Starts sampling; `stop()` ends it. */
-export function startIdleCollector(): { stop(): void } {
+/** Starts sampling; `httpConnections` answers the HTTP connections open now. `stop()` ends it. */
+export function startIdleCollector(httpConnections: () => number): { stop(): void } {
   const collect = collector();
   const decide = createIdleCollection(OPTIONS);
   let last = performance.eventLoopUtilization();
@@ -21,7 +21,7 @@ export function startIdleCollector(): { stop(): void } {
     // unmaps freed pages. A plain one leaves that to V8's memory reducer, which after a few
     // bursts of the same size stops following up (docs/performance.md "Memory"). It pauses the
     // process for some 50-75 ms, and runs only while it is idle.
-    if (decide.sample(Date.now(), process.memoryUsage.rss(), utilization)) collect({ type: 'major', execution: 'sync', flavor: 'last-resort' });
+    if (decide.sample(Date.now(), process.memoryUsage.rss(), utilization, httpConnections())) collect({ type: 'major', execution: 'sync', flavor: 'last-resort' });
   }, SAMPLE_MS);
   timer.unref();
   return { stop: () => clearInterval(timer) };

@@ -43,6 +43,8 @@ export type Sarsen = {
   pool: Pool;
   bus: Bus;
   settings: SettingsCache;
+  /** The HTTP connections open now. */
+  httpConnections(): number;
   /** Graceful stop: refuse new work, let in-flight requests finish within the grace, release everything. */
   stop(): Promise<void>;
   /** Resolves, with the reason, if a fault occurs that waiting cannot heal (the schema is gone). */
@@ -163,7 +165,7 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
         await unwind();
         logger.info('sarsen stopped');
       })());
-    return { url, app, pool, bus, settings, stop, failed };
+    return { url, app, pool, bus, settings, httpConnections: connections.open, stop, failed };
   } catch (err) {
     await unwind();
     throw err;

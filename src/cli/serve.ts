@@ -30,7 +30,7 @@ export async function serve(db: OpenDatabase, opts: ServeOptions, mode: { embedd
 /** Serves until a signal (exit code 0) or a fault that cannot heal (1); stops `sarsen` either way. */
 export function runUntilStopped(sarsen: Sarsen): Promise<number> {
   // A quiet process gives back what a burst left behind (src/idle-collector.ts).
-  const collector = startIdleCollector();
+  const collector = startIdleCollector(sarsen.httpConnections);
   return new Promise<number>((resolve) => {
     let code = 0;
     const stop = () => {

@@ -6,10 +6,10 @@
 //
 // The process is measured against the lowest resident size it had (what it needs at rest).
 // While it stays above that by `growthBytes` and idle, it collects again after a delay that
-// doubles each time: what callers still connected hold becomes garbage when they leave, which a
-// quiet process does not notice, and what stays is live and is collected for rarely. A busy
-// sample, or growth by `growthBytes` over the lowest size since the last collection, starts the
-// delays over.
+// doubles each time, so that what stays (live memory) is collected for rarely. A busy sample,
+// growth by `growthBytes` over the lowest size since the last collection, or fewer connections
+// open than at the last collection starts the delays over: what callers held while connected
+// became garbage when they left, and waiting out a long delay would keep it.
 
 export type IdleCollectionOptions = Readonly<{
   /** Resident growth above the resting size that is worth a collection. */
@@ -24,8 +24,11 @@ export type IdleCollectionOptions = Readonly<{
 }>;
 
 export type IdleCollection = {
-  /** A sample of the process (`rss` in bytes, the loop's utilisation since the last sample); true: collect now. */
-  sample(now: number, rss: number, utilization: number): boolean;
+  /**
+   * A sample of the process: `rss` in bytes, the loop's utilisation since the last sample, the
+   * HTTP connections open now. True: collect now.
+   */
+  sample(now: number, rss: number, utilization: number, connections: number): boolean;
 };
 
 export function createIdleCollection(opts: IdleCollectionOptions): IdleCollection {
@@ -33,20 +36,24 @@ export function createIdleCollection(opts: IdleCollectionOptions): IdleCollectio
   let sinceLast = Infinity; // the lowest size since the last collection
   let last = -Infinity; // when it last collected
   let collections = 0; // since the delays started over
+  let connected = 0; // the fewest connections open since the last collection
   return {
-    sample(now, rss, utilization) {
+    sample(now, rss, utilization, connections) {
       resting = Math.min(resting, rss);
       sinceLast = Math.min(sinceLast, rss);
+      const left = connections < connected;
+      connected = Math.min(connected, connections);
       if (rss - resting < opts.growthBytes) {
         collections = 0;
         return false;
       }
-      if (utilization > opts.busyUtilization || rss - sinceLast >= opts.growthBytes) collections = 0;
+      if (utilization > opts.busyUtilization || rss - sinceLast >= opts.growthBytes || left) collections = 0;
       if (utilization > opts.idleUtilization) return false;
       if (now < last + Math.min(opts.firstDelayMs * 2 ** Math.max(collections - 1, 0), opts.maxDelayMs)) return false;
       collections++;
       last = now;
       sinceLast = rss;
+      connected = connections;
       return true;
     },
   };

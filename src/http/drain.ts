@@ -6,7 +6,7 @@
 import type http from 'node:http';
 import type { Socket } from 'node:net';
 
-export function trackConnections(server: http.Server): { drain(graceMs: number): Promise<void> } {
+export function trackConnections(server: http.Server): { open(): number; drain(graceMs: number): Promise<void> } {
   const inFlight = new Map<Socket, number>();
   let draining = false;
   const closeIfIdle = (socket: Socket) => {
@@ -32,6 +32,7 @@ export function trackConnections(server: http.Server): { drain(graceMs: number):
     });
   });
   return {
+    open: () => inFlight.size,
     async drain(graceMs) {
       draining = true;
       if (server.listening) server.close();

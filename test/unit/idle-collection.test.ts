@@ -4,14 +4,14 @@ import { createIdleCollection } from '../../src/core/idle-collection.ts';
 const MB = 1024 * 1024;
 const OPTIONS = { growthBytes: 16 * MB, idleUtilization: 0.05, busyUtilization: 0.25, firstDelayMs: 10_000, maxDelayMs: 40_000 };
 
-type Sample = readonly [rssMb: number, utilization: number];
+type Sample = readonly [rssMb: number, utilization: number, connections?: number];
 
 /** Feeds one sample a second; answers the seconds at which it collected. */
 function run(samples: readonly Sample[]): number[] {
   const c = createIdleCollection(OPTIONS);
   const collected: number[] = [];
-  samples.forEach(([rss, utilization], second) => {
-    if (c.sample(second * 1000, rss * MB, utilization)) collected.push(second);
+  samples.forEach(([rss, utilization, connections = 0], second) => {
+    if (c.sample(second * 1000, rss * MB, utilization, connections)) collected.push(second);
   });
   return collected;
 }
@@ -32,9 +32,20 @@ describe('idle collection', () => {
   });
 
   it('while the memory stays, collects again after delays that double up to the longest', () => {
-    // (What readers still connected held becomes garbage when they leave, and a quiet process
-    // does not notice them leave.)
     expect(run([[100, 0], ...repeat(140, [170, 0])])).to.deep.equal([1, 11, 31, 71, 111]);
+  });
+
+  it('starts the delays over when callers connected at its last collection leave, however quietly', () => {
+    // Fifty readers that never read sit there through three collections, then leave: what they
+    // held is garbage now, collected 10 s after the last collection instead of 40.
+    const readers = [[100, 0], ...repeat(40, [170, 0.01, 50]), ...repeat(30, [186, 0.01, 0])] as Sample[];
+    expect(run(readers)).to.deep.equal([1, 11, 31, 41, 51]);
+    // Some leave, then the rest: each departure counts from the fewest connected since.
+    const twice = [[100, 0], ...repeat(40, [170, 0, 50]), ...repeat(12, [170, 0, 20]), ...repeat(20, [170, 0, 0])] as Sample[];
+    expect(run(twice)).to.deep.equal([1, 11, 31, 41, 51, 61, 71]);
+    // Callers arriving after a collection change nothing.
+    const arriving = [[100, 0], ...repeat(40, [170, 0, 0]), ...repeat(20, [170, 0, 50])] as Sample[];
+    expect(run(arriving)).to.deep.equal([1, 11, 31]);
   });
 
   it('starts the delays over after work, or after a return to rest', () => {
