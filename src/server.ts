@@ -4,7 +4,7 @@ import http from 'node:http';
 import express, { type Express } from 'express';
 import type { ServeOptions } from './config/config.ts';
 import type { Secrets } from './config/secrets.ts';
-import { createPool, processConnections, openConnections, type ConnectionConfig, type Pool } from './db/pool.ts';
+import { createPool, processConnections, openConnections, followDeadline, type ConnectionConfig, type Pool } from './db/pool.ts';
 import { startingPoint, migrateWhenWritable } from './db/startup.ts';
 import { connectionBudget } from './core/connection-budget.ts';
 import { migrationsApplied, schemaMissing } from './db/migrate.ts';
@@ -106,6 +106,8 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
     await bus.ready();
     const settings = await createSettingsCache(pool, bus);
     cleanups.push(() => settings.close());
+    // Every round trip of the process is bounded by the setting from here on (before: its default).
+    followDeadline(conn, () => settings.current().database_deadline_ms);
 
     const base: BaseDeps = Object.freeze({
       processId,

@@ -26,6 +26,7 @@ export const SETTING_SCHEMAS = {
   upstream_connect_timeout_ms: ms(1, DAY_MS),
   upstream_headers_timeout_ms: ms(1, DAY_MS),
   upstream_idle_timeout_ms: ms(1, DAY_MS),
+  database_deadline_ms: ms(100, DAY_MS),
   metadata_horizon_minutes: z.number().int().min(1).max(100 * 366 * 1440),
   listing_horizon_days: z.number().int().min(1).max(100 * 366),
   ledger_horizon_days: z.number().int().min(1).max(100 * 366),

@@ -11,7 +11,10 @@ import { withTransaction } from './pool.ts';
 import { requeueOwnedBy, RESTART_GRACE_MS, type Recovered } from './recovery.ts';
 import { wakeWorkersSql } from './jobs.ts';
 
-type Session = Pick<pg.Client, 'query'> & { once?(event: 'end', fn: () => void): unknown };
+type Session = Pick<pg.Client, 'query'> & { once?(event: 'end', fn: () => void): unknown; processID?: number | null };
+
+// How long a new bus session waits for the one it replaces to end (see onConnect).
+const REPLACED_EXIT_MS = 1000;
 
 // An arbitrary, fixed 64-bit key: "sarsen liveness watch".
 const WATCH_LOCK_KEY = (0x5a7e_3100_0004n).toString();
@@ -44,6 +47,8 @@ export function createLiveness(owner: string): Liveness {
   const jobPools: string[] = [];
   // The bus's current session, and whether this process holds the watch lock on it.
   let current: { session: Session; watching: boolean } | null = null;
+  // The server processes of this process's bus sessions that may still hold the lock.
+  const earlier = new Set<number>();
   let connectedBefore = false;
   let settlingUntil = 0;
   return {
@@ -53,8 +58,24 @@ export function createLiveness(owner: string): Liveness {
       // reconnect itself, not by pg_postmaster_start_time().
       if (connectedBefore) settlingUntil = performance.now() + RESTART_GRACE_MS;
       connectedBefore = true;
+      // A session this process gave up on (its link went silent: docs/operations.md "When the
+      // network goes silent") can live on at the server, holding the lock, for as long as the
+      // server believes its peer is there: it is ended first, or the lock below would wait for
+      // it. (By pid and this process's own connection name: a pid on another server, after a
+      // failover, is someone else's.)
+      if (earlier.size > 0) {
+        await session.query(
+          `SELECT pg_terminate_backend(pid, ${REPLACED_EXIT_MS}) FROM pg_stat_activity
+            WHERE pid = ANY($1::int[]) AND pid <> pg_backend_pid() AND application_name = current_setting('application_name')`,
+          [[...earlier]],
+        );
+      }
+      const pid = session.processID;
+      if (pid) earlier.add(pid);
       // Locked first, then listed: a listed executor whose lock is free is dead.
       await session.query(`SELECT pg_advisory_lock(hashtextextended($1, 0))`, [owner]);
+      earlier.clear();
+      if (pid) earlier.add(pid);
       await session.query(
         `INSERT INTO sarsen.executors (process_id, job_pools) VALUES ($1, $2::text[])
          ON CONFLICT (process_id) DO UPDATE SET job_pools = EXCLUDED.job_pools`,

@@ -9,6 +9,7 @@ import { runner } from 'node-pg-migrate';
 import { runMigrations as runWorkerMigrations } from 'graphile-worker';
 import type { ConnectionConfig, Pool } from './pool.ts';
 import { createClient } from './pool.ts';
+import { setClientDeadline } from './deadlines.ts';
 import { logger } from '../log.ts';
 import { workerLogger } from './worker-logger.ts';
 import { ENSURE_TASK_SQL } from './jobs.ts';
@@ -23,9 +24,14 @@ const MIGRATION_NAMES = fs
 
 // An arbitrary, fixed 64-bit key: "sarsen migrate".
 const MIGRATION_LOCK_KEY = 0x5a7e_3100_0001n;
+// What one statement of the migrations may take (rewriting a large table, or waiting for the lock
+// while another process migrates): bounded like every round trip, far beyond any other
+// (docs/operations.md "When the network goes silent").
+const MIGRATION_DEADLINE_MS = 30 * 60_000;
 
 export async function migrate(conn: ConnectionConfig, pool: Pool): Promise<void> {
   const client = createClient(conn, 'sarsen-migrate');
+  setClientDeadline(client, MIGRATION_DEADLINE_MS);
   await client.connect();
   try {
     await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK_KEY.toString()]);

@@ -5,6 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { logger, errorFields } from '../log.ts';
 import type { ConnectionBudget, Purpose } from '../core/connection-budget.ts';
 import { writableClient, singleHost } from './writable-host.ts';
+import { createDeadlinePath, trackIdle, withDeadlines, type DeadlinePath } from './deadlines.ts';
 
 /** Where a connection is counted: a budgeted purpose, or `other` (startup migrations, host probes). */
 export type CountedPurpose = Purpose | 'other';
@@ -19,6 +20,8 @@ type ProcessConnections = {
   budget: ConnectionBudget;
   open: Record<CountedPurpose, number>;
   writers: { pool: Pool; refs: number } | null;
+  /** The deadline every connection of the process keeps, and its idle ones (src/db/deadlines.ts). */
+  path: DeadlinePath;
 };
 
 const PROCESS: unique symbol = Symbol('sarsen.process-connections');
@@ -44,8 +47,19 @@ pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
 // (docs/decisions.md "No JIT"); batch connections also plan without nested loops or sequential
 // scans, so a batch costs the same per row at any size (docs/decisions.md "Batch statements plan
 // without nested loops or sequential scans").
-const EVERY_CONNECTION = '-c plan_cache_mode=force_generic_plan -c jit=off';
+//
+// Every session also has the server watch its peer (docs/operations.md "When the network goes
+// silent"): TCP keepalive and tcp_user_timeout on the server's socket, so a server whose client
+// vanished ends the session and frees its locks (an executor's liveness lock among them) by
+// itself; and a session left idle inside a transaction (its client discarded it mid-way) is ended
+// too, so that the row locks it took do not stop everyone else. Node has no tcp_user_timeout for
+// the client's own socket: there the deadlines do that work.
+const SERVER_WATCHES_PEER =
+  '-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3 -c tcp_user_timeout=30000 -c idle_in_transaction_session_timeout=30000';
+const EVERY_CONNECTION = `${SERVER_WATCHES_PEER} -c plan_cache_mode=force_generic_plan -c jit=off`;
 const BATCH_PLANS = `${EVERY_CONNECTION} -c enable_nestloop=off -c enable_seqscan=off`;
+// The client's socket sends keepalive probes once idle this long (the kernel's own interval and count follow).
+const KEEPALIVE_IDLE_MS = 10_000;
 
 // How long ending a pool waits for its sockets to close.
 const CLOSE_WAIT_MS = 5_000;
@@ -56,7 +70,13 @@ const CLOSE_WAIT_MS = 5_000;
  */
 export function processConnections(conn: ConnectionConfig, id: string, budget: ConnectionBudget): ConnectionConfig {
   const open = { main: 0, bus: 0, queue: 0, writers: 0, other: 0 };
-  return Object.freeze({ ...withoutProcess(conn), [PROCESS]: { id, budget, open, writers: null } });
+  return Object.freeze({ ...withoutProcess(conn), [PROCESS]: { id, budget, open, writers: null, path: createDeadlinePath() } });
+}
+
+/** Where a process's connections read their deadline from from now on (the settings, once loaded). */
+export function followDeadline(conn: ConnectionConfig, deadlineMs: () => number): void {
+  const share = conn[PROCESS];
+  if (share) share.path.deadlineMs = deadlineMs;
 }
 
 /** The connections a process holds now, by purpose (null: a config no process owns). */
@@ -69,11 +89,21 @@ function withoutProcess(conn: ConnectionConfig): ConnectionConfig {
   return plain;
 }
 
-/** The pg settings every connection of `conn` starts from (several hosts: see writable-host.ts). */
-function pgConfig(conn: ConnectionConfig) {
+/**
+ * The pg settings every connection of `conn` starts from: its client class keeps the deadlines
+ * of `path` (labelled `purpose` when one is discarded) and connects to the writable host (several
+ * hosts: see writable-host.ts).
+ */
+function pgConfig(conn: ConnectionConfig, purpose: string, path: DeadlinePath) {
   const plain = withoutProcess(conn);
-  const Client = writableClient(plain);
-  return Client ? { ...plain, Client } : singleHost(plain);
+  const Base = writableClient(plain);
+  const Client = withDeadlines(Base ?? pg.Client, purpose, path);
+  return { ...(Base ? plain : singleHost(plain)), Client, keepAlive: true, keepAliveInitialDelayMillis: KEEPALIVE_IDLE_MS };
+}
+
+/** The deadline path of `conn`'s process, or a path of its own for a pool or client no process owns. */
+function pathOf(conn: ConnectionConfig): DeadlinePath {
+  return conn[PROCESS]?.path ?? createDeadlinePath();
 }
 
 /** Counts a connection of `purpose` from when it is established until it ends. */
@@ -91,14 +121,19 @@ function counted(conn: ConnectionConfig, purpose: CountedPurpose, client: pg.Cli
 export function createPool(conn: ConnectionConfig, opts: { max?: number; name?: string; batches?: boolean; purpose?: Purpose } = {}): Pool {
   const share = conn[PROCESS];
   const budgeted = share && opts.purpose ? { max: share.budget[opts.purpose], name: `sarsen-${opts.purpose} ${share.id}` } : null;
+  const path = pathOf(conn);
+  const label = opts.purpose ?? opts.name ?? 'sarsen';
   const pool = new pg.Pool({
-    ...pgConfig(conn),
+    ...pgConfig(conn, label, path),
     max: budgeted?.max ?? opts.max ?? 20,
     idleTimeoutMillis: 30_000,
-    connectionTimeoutMillis: 10_000,
     application_name: budgeted?.name ?? opts.name ?? 'sarsen',
     options: opts.batches ? BATCH_PLANS : EVERY_CONNECTION,
   });
+  // Connecting, and waiting for a connection of a full pool, are bounded by the deadline too, as
+  // it is when they start (pg-pool reads this option at each wait and each new connection).
+  Object.defineProperty(pool.options, 'connectionTimeoutMillis', { get: () => path.deadlineMs(), enumerable: true });
+  trackIdle(pool, path);
   const purpose = opts.purpose ?? 'other';
   // pg's pool.end() resolves once it has asked its connections to close, not once they have:
   // a database stopped right after (embedded PostgreSQL at shutdown) would end them first, and
@@ -186,9 +221,9 @@ export function prepared(name: string, text: string): (values: unknown[]) => pg.
 
 /** A single connection (the bus's LISTEN connection, migrations), counted under `purpose`. */
 export function createClient(conn: ConnectionConfig, name = 'sarsen', purpose: CountedPurpose = 'other'): pg.Client {
-  const config = pgConfig(conn);
-  const Client = 'Client' in config ? config.Client : pg.Client;
-  const client = new Client({ ...config, application_name: name, connectionTimeoutMillis: 10_000 });
+  const path = pathOf(conn);
+  const { Client, ...config } = pgConfig(conn, purpose === 'other' ? name : purpose, path);
+  const client = new Client({ ...config, application_name: name, connectionTimeoutMillis: path.deadlineMs(), options: SERVER_WATCHES_PEER });
   client.on('error', (err) => connectionFailed('database connection failed', err));
   client.once('connect', () => counted(conn, purpose, client));
   return client;

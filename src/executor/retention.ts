@@ -7,6 +7,7 @@
 import { sweepBatchStorage } from '../db/files.ts';
 import type { BaseDeps } from '../deps.ts';
 import type { PoolClient } from '../db/pool.ts';
+import { setClientDeadline } from '../db/deadlines.ts';
 import { effectiveRetentionMinutes } from '../core/retention.ts';
 import { rowSweep } from '../core/partitions.ts';
 import { firstIdAt, idTime } from '../core/ids.ts';
@@ -23,6 +24,10 @@ const BATCH = 500;
 const MAX_BATCHES = 200;
 // Days of payloads one pass may drop (a deployment catching up after a pause drops a week a pass).
 const MAX_DAYS = 7;
+// What one statement of a pass may take: a batch of deletes over large stored bodies, a partition
+// drop waiting for its lock, or (waiting for it) another process's whole pass; longer than any
+// request's round trip, still bounded (docs/operations.md "When the network goes silent").
+export const RETENTION_DEADLINE_MS = 300_000;
 
 async function drain(fn: () => Promise<number>): Promise<number> {
   let total = 0;
@@ -45,6 +50,7 @@ type Deps = Pick<BaseDeps, 'pool' | 'settings'>;
  */
 export async function runRetentionSweep(deps: Deps, opts: { wait?: boolean } = {}): Promise<RetentionCounts> {
   const client = await deps.pool.connect();
+  setClientDeadline(client, RETENTION_DEADLINE_MS);
   let failure: Error | undefined;
   let locked = false;
   try {
@@ -59,6 +65,7 @@ export async function runRetentionSweep(deps: Deps, opts: { wait?: boolean } = {
     throw err;
   } finally {
     if (locked && !failure) await unlockRetentionPass(client).catch(() => undefined);
+    setClientDeadline(client, null);
     // A failed pass's connection is closed, not reused: its lock and any session setting go with it.
     client.release(failure);
   }

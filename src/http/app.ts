@@ -16,6 +16,10 @@ import { ADMIN_PATH } from './admin/index.ts';
 
 // Seconds a caller is asked to wait before retrying while the database is unreachable.
 const UNAVAILABLE_RETRY_AFTER_S = 1;
+// How long /readyz waits for the database to answer before it says it does not: under a probe's
+// own timeout (a second, by default, in Kubernetes), so a silent database reads as 503, not as
+// no answer (docs/operations.md "When the network goes silent").
+const READY_WAIT_MS = 900;
 
 export type Readiness = () => Promise<boolean>;
 
@@ -65,7 +69,10 @@ export function createApp(opts: { ready: Readiness; routers?: Router[]; metricsT
     res.json({ status: 'ok' });
   });
   app.get('/readyz', async (_req, res) => {
-    const ok = await opts.ready().catch(() => false);
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<false>((resolve) => (timer = setTimeout(resolve, READY_WAIT_MS, false)));
+    const ok = await Promise.race([opts.ready().catch(() => false), late]);
+    clearTimeout(timer);
     res.status(ok ? 200 : 503).json({ status: ok ? 'ready' : 'unavailable' });
   });
 

@@ -35,6 +35,7 @@ const streams = new client.Gauge({ name: 'sarsen_streams', help: 'Streams open t
 streams.set({ kind: 'live' }, 0);
 streams.set({ kind: 'replay' }, 0);
 const busReconnects = counter('sarsen_bus_reconnects_total', 'Times the event bus re-established its LISTEN connection.');
+const discardedConnections = counter('sarsen_database_connections_discarded_total', 'Database connections destroyed because a round trip on them missed its deadline, by purpose (main, bus, queue, writers, or the name of a connection outside the budget).', ['purpose']);
 const sweeps = counter('sarsen_sweeps_total', 'Sweep passes by sweep (recovery, retention) and result (ok, failed).', ['sweep', 'result']);
 const swept = counter('sarsen_swept_total', 'What sweeps did: recovered requests, and expired records, claims, listing rows and ledger entries.', ['kind']);
 
@@ -107,6 +108,10 @@ export async function trackStream<T>(kind: 'live' | 'replay', run: () => Promise
 
 export function countBusReconnect(): void {
   busReconnects.inc();
+}
+
+export function countDiscardedConnection(purpose: string): void {
+  discardedConnections.inc({ purpose });
 }
 
 export function countSweep(sweep: 'recovery' | 'retention', ok: boolean): void {

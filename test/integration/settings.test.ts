@@ -39,6 +39,7 @@ describe('settings', () => {
       upstream_connect_timeout_ms: 10_000,
       upstream_headers_timeout_ms: 600_000,
       upstream_idle_timeout_ms: 300_000,
+      database_deadline_ms: 10_000,
       metadata_horizon_minutes: 129_600,
       listing_horizon_days: 400,
       ledger_horizon_days: 2557,
