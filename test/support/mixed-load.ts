@@ -92,7 +92,11 @@ export type MixedLoad = {
  * Runs `concurrency` callers over `apis` (base URLs of processes with the API role) until
  * stopped. Answers that should carry a marker's bytes are compared byte for byte.
  */
-export function startMixedLoad(apis: readonly string[], tenant: LoadTenant, opts: { concurrency: number; mix?: readonly [OpKind, number][] }): MixedLoad {
+export function startMixedLoad(
+  apis: readonly string[],
+  tenant: LoadTenant,
+  opts: { concurrency: number; mix?: readonly [OpKind, number][]; /** A caller gives up after this long (status 0, detail `no answer`). */ giveUpAfterMs?: number },
+): MixedLoad {
   const ops: Op[] = [];
   const accepted: Accepted[] = [];
   const mismatches: string[] = [];
@@ -113,11 +117,19 @@ export function startMixedLoad(apis: readonly string[], tenant: LoadTenant, opts
 
   type Answer = { status: number; text: string; reset: boolean; retryAfter?: string };
   const call = async (api: number, path: string, init: RequestInit): Promise<Answer> => {
-    const res = await fetch(`${base(api)}${path}`, init);
+    const signal = opts.giveUpAfterMs ? AbortSignal.timeout(opts.giveUpAfterMs) : undefined;
+    let res: Response;
+    try {
+      res = await fetch(`${base(api)}${path}`, { ...init, ...(signal ? { signal } : {}) });
+    } catch (err) {
+      if (signal?.aborted) throw new Error(`no answer within ${opts.giveUpAfterMs} ms`);
+      throw err;
+    }
     const retryAfter = res.headers.get('retry-after') ?? undefined;
     try {
       return { status: res.status, text: Buffer.from(await res.arrayBuffer()).toString('utf8'), reset: false, ...(retryAfter ? { retryAfter } : {}) };
     } catch {
+      if (signal?.aborted) throw new Error(`no answer within ${opts.giveUpAfterMs} ms (the body stalled)`);
       return { status: res.status, text: '', reset: true }; // the body was cut: a bare reset
     }
   };
