@@ -9,6 +9,7 @@ import { startFakeProvider, responsesFrames, type FakeProvider } from '../suppor
 import { provision } from '../support/tenant.ts';
 import { startDeployment, type Deployment } from '../support/processes.ts';
 import { until } from '../support/http.ts';
+import { gate } from './streaming-support.ts';
 
 describe('a background response survives worker death', function () {
   this.timeout(120_000);
@@ -27,6 +28,9 @@ describe('a background response survives worker death', function () {
   it('SIGKILL mid-stream: a resumed reader is told with an error event, never spliced; re-read gives the new attempt; retrieve ends completed', async () => {
     const api = await d.start('api');
     const executors = [await d.start('executor'), await d.start('executor')];
+    // The new attempt holds its stream until the retrieve below has looked, so that the retrieve
+    // cannot find it ended, whatever the machine's pace.
+    const second = gate();
     try {
       const t = await provision(d.asServer(api), provider);
       const textOf = (n: number) => Array.from({ length: 40 }, (_, i) => `call${n}-piece${i} `);
@@ -34,7 +38,7 @@ describe('a background response survives worker death', function () {
       provider.rule((entry) => {
         if (entry.path !== '/v1/responses') return undefined;
         n++;
-        return { kind: 'sse', frames: responsesFrames(textOf(n), { id: `resp_call${n}`, messageId: `msg_call${n}` }), frameDelayMs: 50 };
+        return { kind: 'sse', frames: responsesFrames(textOf(n), { id: `resp_call${n}`, messageId: `msg_call${n}` }), frameDelayMs: 50, waitBefore: n === 2 ? { 1: second.until } : undefined };
       });
       const client = new OpenAI({ baseURL: t.base, apiKey: t.key, maxRetries: 0 });
 
@@ -65,8 +69,9 @@ describe('a background response survives worker death', function () {
       events.forEach((e, i) => expect(e.seq).to.equal(6 + i));
       expect(events.every((e) => e.type !== 'response.completed' && (e.delta ?? 'call1-').startsWith('call1-'))).to.equal(true);
       expect(last.seq).to.equal(6 + events.length);
-      // Retrieve: still running (the new attempt's), never the dead attempt's end.
-      expect((await client.responses.retrieve(responseId)).status).to.be.oneOf(['queued', 'in_progress', 'completed']);
+      // Retrieve: still unfinished (the new attempt's, queued or running), never the dead attempt's end.
+      expect((await client.responses.retrieve(responseId)).status).to.be.oneOf(['queued', 'in_progress']);
+      second.open();
 
       // Re-read from the start: the new attempt, whole, numbered from 0.
       const again = await client.responses.retrieve(responseId, { stream: true });
@@ -97,6 +102,8 @@ describe('a background response survives worker death', function () {
       expect(tailSeqs).to.deep.equal([41, 42, 43, 44, 45, 46, 47]);
       expect(provider.journal.filter((e) => e.path === '/v1/responses')).to.have.length(2);
     } finally {
+      // Else a failure before it is opened leaves the new attempt's call open through the shutdown.
+      second.open();
       for (const p of [api, ...executors]) {
         const { code, signal } = await p.kill('SIGTERM');
         if (signal !== 'SIGKILL') expect(code, p.output()).to.equal(0);

@@ -1,9 +1,10 @@
 // Many processes on one primary (docs/scaling.md): four pairs, then eight, of `--role api` and
 // `--role executor` processes on one database, under a mixed load spread over the api processes
 // (synchronous and streaming calls, POST /requests, identical bodies sent to two processes at
-// once, replays by id from a process other than the one that accepted), while an executor is
-// SIGKILLed every few seconds and another started. Nothing is lost, nothing runs twice, every
-// answer and every replay is the provider's bytes, and the processes are told only what they read.
+// once, replays by id from a process other than the one that accepted), while the executor holding
+// the most leases is SIGKILLed every few seconds and another started. Nothing is lost, nothing runs
+// twice, what the victims held is recovered, every answer and every replay is the provider's bytes,
+// and the processes are told only what they read.
 import { expect } from 'chai';
 import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
 import { createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
@@ -68,9 +69,18 @@ describe('many processes on one primary', function () {
 
       const load = startMixedLoad(apis.map((a) => a.url), t, { concurrency: 24 });
       const killed: FleetProcess[] = [];
+      // The requests each victim held a lease on when it was killed: the ones it left to recover.
+      const held: string[] = [];
       while (killed.length < KILLS) {
         await new Promise((r) => setTimeout(r, KILL_EVERY_MS));
-        const victim = executors[Math.floor(Math.random() * executors.length)]!;
+        // The one running the most attempts, so that the kill lands on work in flight (a random
+        // one may hold nothing, and then nothing is left to recover).
+        const { rows: holders } = await pool.query<{ owner: string; ids: string[] }>(
+          `SELECT lease_owner AS owner, array_agg(id) AS ids FROM sarsen.requests WHERE status = 'running' AND lease_owner IS NOT NULL GROUP BY lease_owner ORDER BY count(*) DESC`,
+        );
+        const holder = holders.find((h) => executors.some((e) => e.processId === h.owner));
+        const victim = executors.find((e) => e.processId === holder?.owner) ?? executors[0]!;
+        if (holder) held.push(...holder.ids);
         await victim.kill('SIGKILL');
         procs.delete(victim);
         killed.push(victim);
@@ -83,8 +93,10 @@ describe('many processes on one primary', function () {
         return c.unfinished.length === 0 ? c : undefined;
       }, 90_000, 250);
       const recovered = (await pool.query<{ n: number }>('SELECT coalesce(sum(recoveries), 0)::int AS n FROM sarsen.requests WHERE namespace_id = $1', [t.namespaceId])).rows[0]!.n;
+      // Some of what a victim held may have ended between the query and the kill; not all of it.
+      const heldRecovered = (await pool.query<{ n: number }>('SELECT coalesce(sum(recoveries), 0)::int AS n FROM sarsen.requests WHERE id = ANY($1)', [held])).rows[0]!.n;
       const streams = summary.ops.filter((o) => o.stream);
-      console.log(`      ${summary.ops.length} calls (${tally(summary.ops)}); ${check.requests} requests, ${recovered} recovered; ${killed.length} executors killed;`
+      console.log(`      ${summary.ops.length} calls (${tally(summary.ops)}); ${check.requests} requests, ${recovered} recovered; ${killed.length} executors killed, holding ${held.length} (${heldRecovered} recovered);`
         + ` streams ${streams.filter((o) => o.stream === 'finished').length} finished, ${streams.filter((o) => o.stream === 'superseded').length} superseded`);
 
       expect(summary.errors, summary.errors.join('\n')).to.deep.equal([]);
@@ -93,6 +105,8 @@ describe('many processes on one primary', function () {
       // A live stream whose attempt died ends with `event: failed` (superseded), never cut short.
       expect(streams.filter((o) => o.stream !== 'finished' && o.stream !== 'superseded')).to.deep.equal([]);
       expect(check.lostAccepted, 'accepted requests missing').to.deep.equal([]);
+      expect(held, 'requests the killed executors held leases on').to.not.be.empty;
+      expect(heldRecovered, 'recoveries of the requests the killed executors held').to.be.greaterThan(0);
       expect(check.doubleCalls, 'provider calls beyond one per attempt, or bodies that ran as two requests').to.deep.equal([]);
       expect(summary.ops.filter((o) => o.kind === 'replay').length).to.be.greaterThan(0);
       expect(summary.ops.filter((o) => o.kind === 'duplicate').length).to.be.greaterThan(0);

@@ -353,12 +353,19 @@ describe('OpenAI batches', function () {
   it('a backend\'s 429 with retry-after is honoured: the line is retried after it and succeeds', async () => {
     const m = marker();
     let refused = 0;
-    provider.rule((e) => (contentOf(e) === m && refused++ === 0 ? { kind: 'refuse', status: 429, retryAfter: '1', body: { error: { message: 'slow down', type: 'rate_limit_error' } } } : undefined));
+    // 3 s, not 1: a retry that ignored it would come about 1 s later anyway, at the worker's
+    // next poll for due jobs (pollInterval), and be taken for one that honoured it.
+    provider.rule((e) => (contentOf(e) === m && refused++ === 0 ? { kind: 'refuse', status: 429, retryAfter: '3', body: { error: { message: 'slow down', type: 'rate_limit_error' } } } : undefined));
     const created = await client().batches.create({ input_file_id: (await upload(chatLine('busy', m))).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
     const done = await ended(created.id, 'completed');
     expect(done.request_counts).to.deep.equal({ total: 1, completed: 1, failed: 0 });
     const calls = provider.journal.filter((e) => contentOf(e) === m);
     expect(calls).to.have.length(2);
+    // The 429 was answered after its call arrived, so an honoured retry-after puts the retry at
+    // least 3 s after that arrival; the upper side is loose, only to catch a retry that waited
+    // for something else entirely.
+    const gap = calls[1]!.receivedAt - calls[0]!.receivedAt;
+    expect(gap, 'ms from the 429\'s call to the retry').to.be.at.least(3000).and.below(30_000);
     // One request, retried by Sarsen's own retries (which honour Retry-After: docs/api.md "Outcomes and retries").
     const [result] = lines(await content(done.output_file_id!));
     const record = json(await rawRequest(`${t.base}/requests/${result!.response!.request_id}`, { headers: { 'x-sarsen-key': t.key } }));

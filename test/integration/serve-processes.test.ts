@@ -214,6 +214,58 @@ describe('sarsen serve --processes', function () {
     }
   });
 
+  // Without --processes or CTX_PROCESSES, the count comes from the database hosts
+  // (docs/operations.md "Processes"). The processes are held to two CPUs, so that one per core is
+  // two whatever the machine, and the same two for both hosts: only the hosts differ.
+  const cpus = (/^Cpus_allowed_list:\s*(\S+)$/m.exec(readFileSync('/proc/self/status', 'utf8'))![1]!)
+    .split(',')
+    .flatMap((range) => {
+      const [from, to = from] = range.split('-').map(Number);
+      return Array.from({ length: to - from + 1 }, (_, i) => from + i);
+    })
+    .slice(0, 2);
+  const serveByDefault = (host: string) => {
+    const env = sarsenEnv({ ...db.conn, host }, secrets.dir);
+    delete env.CTX_PROCESSES;
+    return spawnProcess('taskset', ['-c', cpus.join(','), process.execPath, MAIN, 'serve', '--port', '0', '--host', '127.0.0.1'], { env, label: `sarsen serve (${host})` });
+  };
+
+  it('without --processes or CTX_PROCESSES, runs one process where the database hosts are this machine and one per core where they are elsewhere', async () => {
+    expect(cpus, 'the CPUs this test may use').to.have.length(2);
+    const local = serveByDefault('127.0.0.1');
+    try {
+      const [line] = await local.waitFor(/[^\n]*"message":"sarsen listening"[^\n]*/, 90_000);
+      expect((await rawRequest(`${/"url":"(http:[^"]+)"/.exec(line!)![1]}/readyz`)).status).to.equal(200);
+      // A cluster's primary forks every worker before any of them listens: the one listening
+      // here is the process itself.
+      expect(lines(local).filter((l) => l.message === 'worker started'), local.output()).to.have.length(0);
+      expect(lines(local).filter((l) => l.message === 'sarsen listening').map((l) => l.worker)).to.deep.equal([undefined]);
+      expect((await local.kill('SIGTERM')).code, local.output()).to.equal(0);
+    } finally {
+      await local.kill('SIGKILL');
+    }
+
+    // 127.0.0.1 still, spelled as the local check does not read it (it reads hosts as written,
+    // resolving none): to Sarsen a host elsewhere, while the traffic stays on this machine.
+    const elsewhere = serveByDefault('127.1');
+    try {
+      // A worker's lines name it; a process serving by itself would print its own, unnamed, and
+      // never the primary's `sarsen ready`.
+      const [first] = await elsewhere.waitFor(/[^\n]*"message":"sarsen listening"[^\n]*/, 90_000);
+      expect((JSON.parse(first!) as Line).worker, 'the first process listening').to.be.oneOf([1, 2]);
+      await elsewhere.waitFor(/"message":"sarsen ready"/, 90_000);
+      expect(lines(elsewhere).find((l) => l.message === 'sarsen ready')).to.include({ processes: 2, worker: 'primary' });
+      const started = lines(elsewhere).filter((l) => l.message === 'worker started');
+      expect(started.map((l) => l.worker_id), elsewhere.output()).to.have.members([1, 2]);
+      for (const l of started) expect(alive(l.pid as number), `worker ${l.pid}`).to.equal(true);
+      expect(lines(elsewhere).filter((l) => l.message === 'sarsen listening').map((l) => l.worker)).to.have.members([1, 2]);
+      expect((await elsewhere.kill('SIGTERM')).code, elsewhere.output()).to.equal(0);
+      for (const l of started) expect(alive(l.pid as number), `worker ${l.pid} still running`).to.equal(false);
+    } finally {
+      await elsewhere.kill('SIGKILL');
+    }
+  });
+
   it('exits 1 without starting a worker when the port is taken', async () => {
     const taken = net.createServer();
     await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));

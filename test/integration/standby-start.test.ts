@@ -30,6 +30,17 @@ async function closedPort(): Promise<number> {
 
 const status = async (url: string) => (await fetch(url)).status;
 
+/** A host that takes each connection and drops it at once, counting them: a waiting process's looks, made visible. */
+async function droppingHost(): Promise<{ port: number; looks(): number; close(): Promise<void> }> {
+  let looks = 0;
+  const s = net.createServer((socket) => {
+    looks++;
+    socket.destroy();
+  });
+  await new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve));
+  return { port: (s.address() as net.AddressInfo).port, looks: () => looks, close: () => new Promise((resolve) => s.close(() => resolve())) };
+}
+
 describe('a process started while only a standby answers', function () {
   this.timeout(180_000);
   let server: OwnedPostgres;
@@ -114,23 +125,37 @@ describe('a process started while only a standby answers', function () {
   });
 
   it('with no host answering at all, waits unbound and says so once', async () => {
-    const nowhere = spawnSarsen(['--port', '0', '--host', '127.0.0.1'], sarsenEnv({ ...db.conn, host: `127.0.0.1:${await closedPort()}` }, secrets.dir));
-    children.push(nowhere);
-    await nowhere.waitFor(/"message":"no database host answers; waiting for one"/, 60_000);
-    // Past a few more looks (at most a second apart), still one line, still unbound.
-    await new Promise((r) => setTimeout(r, 3000));
-    expect(nowhere.output().match(/no database host answers/g)).to.have.length(1);
-    expect(nowhere.output()).not.to.match(/"message":"sarsen listening"/);
-    expect(nowhere.child.exitCode).to.equal(null);
+    // One host refusing connections, one dropping them: every look at the hosts reaches the second.
+    const dropping = await droppingHost();
+    try {
+      const nowhere = spawnSarsen(['--port', '0', '--host', '127.0.0.1'], sarsenEnv({ ...db.conn, host: `127.0.0.1:${await closedPort()},127.0.0.1:${dropping.port}` }, secrets.dir));
+      children.push(nowhere);
+      await nowhere.waitFor(/"message":"no database host answers; waiting for one"/, 60_000);
+      // Past three more looks, still one line, still unbound.
+      const said = dropping.looks();
+      await until(async () => (dropping.looks() >= said + 3 ? true : undefined), 30_000, 50);
+      expect(nowhere.output().match(/no database host answers/g)).to.have.length(1);
+      expect(nowhere.output()).not.to.match(/"message":"sarsen listening"/);
+      expect(nowhere.child.exitCode).to.equal(null);
+    } finally {
+      await dropping.close();
+    }
   });
 
   it('refused by a server that answers (a wrong password), exits 1 with the reason instead of waiting', async () => {
     const wrong = makeSecretsDir({ ...db.conn, password: 'not-the-password' });
     try {
+      // The server answers the first look with the refusal, so the exit follows a start and one
+      // round trip: about half a second here, and 10 s leaves a loaded machine twenty times that.
+      // A process that waited instead would look again at least every second and never exit, and
+      // one that retried the refusal for a while before giving up would pass a 30 s race.
+      const boundMs = 10_000;
+      const started = performance.now();
       const refused = spawnSarsen(['--port', '0', '--host', '127.0.0.1'], sarsenEnv(db.conn, wrong.dir));
       children.push(refused);
-      const stillWaiting = new Promise<{ code: string }>((resolve) => setTimeout(() => resolve({ code: 'still running after 30 s' }), 30_000).unref());
+      const stillWaiting = new Promise<{ code: string }>((resolve) => setTimeout(() => resolve({ code: `still running after ${boundMs / 1000} s` }), boundMs).unref());
       const { code } = await Promise.race([refused.exited, stillWaiting]);
+      console.log(`      spawned to exited, refused: ${Math.round(performance.now() - started)} ms`);
       expect(code, refused.output().slice(-2000)).to.equal(1);
       expect(refused.output()).to.match(/password authentication failed/);
       expect(refused.output()).not.to.match(/waiting/);
