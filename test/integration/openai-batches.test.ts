@@ -118,9 +118,10 @@ describe('OpenAI batches', function () {
     const usage = json(await rawRequest(`${t.base}/usage`, { headers: { 'x-sarsen-key': t.key } }));
     expect(usage).to.include({ accepted_submissions: 3, provider_calls: 3 });
     expect(usage.api_keys.find((k: { api_key_id: string }) => k.api_key_id === t.apiKeyId)).to.include({ ledger_events: 3 });
-    // The input file counts in storage.
+    // The input file counts in storage, beside the contract's sum, which it leaves as it is.
     const storage = json(await rawRequest(`${t.base}/storage`, { headers: { 'x-sarsen-key': t.key } }));
     expect(storage.file_bytes).to.be.at.least(Buffer.byteLength(input));
+    expect(storage.stored_bytes, 'stored_bytes is request + response + chunk bytes').to.equal(storage.request_bytes + storage.response_bytes + storage.chunk_bytes);
   });
 
   it('a refused line lands in the error file with the provider\'s status and body; a line Sarsen refuses, with Sarsen\'s code', async () => {

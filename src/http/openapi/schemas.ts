@@ -217,12 +217,12 @@ export const usage = z.object({
 });
 export const storage = z.object({
   namespace_id: z.string(),
-  stored_bytes: z.number().int(),
+  stored_bytes: z.number().int().describe('request_bytes + response_bytes + chunk_bytes'),
   request_bytes: z.number().int(),
   response_bytes: z.number().int(),
   chunk_bytes: z.number().int(),
-  file_bytes: z.number().int().describe('uploaded batch input files, byte for byte'),
-  batch_bytes: z.number().int().describe('bodies of batch lines not yet run'),
+  file_bytes: z.number().int().describe('uploaded batch input files, byte for byte (not in stored_bytes)'),
+  batch_bytes: z.number().int().describe('bodies of batch lines not yet run (not in stored_bytes)'),
 });
 
 export const record = z.object({

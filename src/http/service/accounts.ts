@@ -147,11 +147,13 @@ export function accountRoutes(deps: Deps, router: Router, scope: NamespaceScope)
     const [t, b] = await Promise.all([namespaceTotals(deps.pool, auth.namespaceId), batchStorage(deps.pool, auth.namespaceId)]);
     res.json({
       namespace_id: auth.namespaceId,
-      stored_bytes: t.request_bytes + t.response_bytes + t.chunk_bytes + b.file_bytes + b.batch_bytes,
+      // The contract's sum: what the namespace's requests hold (docs/accounting.md "Storage").
+      stored_bytes: t.request_bytes + t.response_bytes + t.chunk_bytes,
       request_bytes: t.request_bytes,
       response_bytes: t.response_bytes,
       chunk_bytes: t.chunk_bytes,
-      // Uploaded files, byte for byte, and the bodies of batch lines not yet run (docs/api.md "Batches").
+      // Beside it, not in it: uploaded files, byte for byte, and the bodies of batch lines not yet
+      // run (docs/api.md "Batches").
       file_bytes: b.file_bytes,
       batch_bytes: b.batch_bytes,
     });
