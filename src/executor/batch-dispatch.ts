@@ -20,6 +20,7 @@ import { identityHash, parseCanonical, withTopLevelField, jsonString } from '../
 import { newId } from '../core/ids.ts';
 import { ERROR_CODES, type ErrorCode } from '../core/errors.ts';
 import { openaiResultLine, succeeded } from '../core/batch-shapes.ts';
+import { startLoop, type Loop } from './loop.ts';
 
 // How soon the next round runs: soon after lines moved; while lines are in flight and none
 // moved (they wait on the provider, or yield to acceptance), twice as late each round up to the
@@ -30,8 +31,6 @@ const IDLE_MS = 250;
 /** What a round saw. */
 type Round = { moved: boolean; inFlight: boolean };
 const PAGE = 500;
-
-export type BatchDispatcher = { stop(): Promise<void> };
 
 const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_CODES[code].status, message });
 
@@ -144,42 +143,23 @@ async function finalize(deps: BaseDeps, b: { id: string; vendor: Vendor; tenancy
   });
 }
 
-export function startBatchDispatcher(deps: BaseDeps): BatchDispatcher {
-  let stopped = false;
-  let timer: NodeJS.Timeout | null = null;
-  let running: Promise<void> | null = null;
-
-  const work = async (): Promise<Round> => {
-    if (!(await anyActiveBatch(deps.pool))) return { moved: false, inFlight: false };
-    const seen = await round(deps);
-    for (const b of await finalizingBatches(deps.pool)) await finalize(deps, b);
-    return seen;
-  };
-
-  const schedule = (ms: number) => {
-    if (!stopped && timer === null && running === null) timer = setTimeout(tick, ms);
-  };
+export function startBatchDispatcher(deps: BaseDeps): Loop {
+  // Busy while lines move; backing off to idle while lines only wait on their requests.
   let pace = IDLE_MS;
-  const tick = () => {
-    timer = null;
-    if (stopped) return;
-    let seen: Round = { moved: false, inFlight: false };
-    running = work()
-      .then((r) => void (seen = r))
-      .catch((err: unknown) => connectionFailed('batch dispatch failed; will try again', err))
-      .finally(() => {
-        running = null;
-        pace = seen.moved ? BUSY_MS : seen.inFlight ? Math.min(pace * 2, IDLE_MS) : IDLE_MS;
-        schedule(pace);
-      });
-  };
-  schedule(0);
-
-  return {
-    async stop() {
-      stopped = true;
-      if (timer) clearTimeout(timer);
-      await running;
+  const next = (seen: Round) => (pace = seen.moved ? BUSY_MS : seen.inFlight ? Math.min(pace * 2, IDLE_MS) : IDLE_MS);
+  return startLoop(
+    async () => {
+      if (!(await anyActiveBatch(deps.pool))) return next({ moved: false, inFlight: false });
+      const seen = await round(deps);
+      for (const b of await finalizingBatches(deps.pool)) await finalize(deps, b);
+      return next(seen);
     },
-  };
+    {
+      firstDelayMs: 0,
+      failed: (err) => {
+        connectionFailed('batch dispatch failed; will try again', err);
+        return next({ moved: false, inFlight: false });
+      },
+    },
+  );
 }

@@ -17,6 +17,7 @@ import {
 } from '../db/partitions.ts';
 import { logger, errorFields } from '../log.ts';
 import { countExpired, countSweep } from '../metrics/metrics.ts';
+import { startLoop, type Loop } from './loop.ts';
 
 const BATCH = 500;
 // One pass stops after this many batches of a kind so a huge backlog cannot starve the others;
@@ -110,32 +111,21 @@ async function pass(deps: Deps, db: PoolClient): Promise<RetentionCounts> {
   return { records, claims, listing, ledger, partitions };
 }
 
-export function startRetentionSweeper(deps: BaseDeps): { stop(): Promise<void> } {
-  let stopped = false;
-  let timer: NodeJS.Timeout | null = null;
-  let running: Promise<unknown> | null = null;
-  const schedule = () => {
-    if (!stopped) timer = setTimeout(tick, deps.settings.current().retention_sweep_interval_ms);
-  };
-  const tick = () => {
-    timer = null;
-    running = runRetentionSweep(deps, { wait: false })
-      .then(() => countSweep('retention', true))
-      .catch((err) => {
+export function startRetentionSweeper(deps: BaseDeps): Loop {
+  const pause = () => deps.settings.current().retention_sweep_interval_ms;
+  return startLoop(
+    async () => {
+      await runRetentionSweep(deps, { wait: false });
+      countSweep('retention', true);
+      return pause();
+    },
+    {
+      firstDelayMs: pause(),
+      failed: (err) => {
         countSweep('retention', false);
         logger.warn('retention sweep failed; will try again', errorFields(err));
-      })
-      .finally(() => {
-        running = null;
-        schedule();
-      });
-  };
-  schedule();
-  return {
-    async stop() {
-      stopped = true;
-      if (timer) clearTimeout(timer);
-      await running;
+        return pause();
+      },
     },
-  };
+  );
 }

@@ -16,16 +16,13 @@ import { foldCounters, vacuumDeltas } from '../db/counters.ts';
 import { connectionFailed } from '../db/pool.ts';
 import { logger } from '../log.ts';
 import { countRecoveries, countSweep } from '../metrics/metrics.ts';
+import { startLoop, type Loop } from './loop.ts';
 
 const BATCH = 100;
 
-export type Sweeper = { stop(): Promise<void> };
-
-export function startSweeper(deps: BaseDeps, liveness: Liveness): Sweeper {
+export function startSweeper(deps: BaseDeps, liveness: Liveness): Loop {
   const owner = liveness.owner;
   let stopped = false;
-  let timer: NodeJS.Timeout | null = null;
-  let running: Promise<void> | null = null;
   // When this process last ran the full sweep as the watcher; null while it does not watch.
   let lastFullSweep: number | null = null;
 
@@ -82,23 +79,18 @@ export function startSweeper(deps: BaseDeps, liveness: Liveness): Sweeper {
     await foldCounters(deps.pool);
   };
 
-  const tick = () => {
-    timer = null;
-    if (stopped) return;
-    running = check()
-      .catch((err) => connectionFailed('recovery check failed; will try again', err))
-      .finally(() => {
-        running = null;
-        if (!stopped) timer = setTimeout(tick, deps.settings.current().liveness_check_ms);
-      });
-  };
-  timer = setTimeout(tick, 0);
-
+  const pause = () => deps.settings.current().liveness_check_ms;
+  const loop = startLoop(() => check().then(pause), {
+    firstDelayMs: 0,
+    failed: (err) => {
+      connectionFailed('recovery check failed; will try again', err);
+      return pause();
+    },
+  });
   return {
-    async stop() {
-      stopped = true;
-      if (timer) clearTimeout(timer);
-      await running;
+    stop() {
+      stopped = true; // a recovery under way stops between its batches
+      return loop.stop();
     },
   };
 }
