@@ -32,8 +32,13 @@ export type Deps = BaseDeps & Readonly<{ submitter: Submitter }>;
 /** A submission as acceptance commits it. */
 export type NewSubmission = Omit<NewRequest, 'owner' | 'precounted'> & {
   backend: BackendForCall;
-  /** A caller waits for the answer (not POST /requests). */
-  waited: boolean;
+  /**
+   * A caller may be waiting on the answer (a synchronous or streaming submission, or a background
+   * response, which its caller polls or resumes from the moment its create answers; not
+   * POST /requests): the attempt starts at once instead of yielding to acceptance
+   * (docs/durability.md "Acceptance first").
+   */
+  callerWaits: boolean;
 };
 
 /** Acceptance's group commit: answers the request the submission landed on. */
@@ -48,5 +53,5 @@ export type Submitter = { submit(submission: NewSubmission): Promise<Submitted>;
  */
 export type RunWhereAccepted = Readonly<{
   reserve(): string | null;
-  start(claimed: Attempt | null, opts: { background: boolean }): void;
+  start(claimed: Attempt | null, opts: { callerWaits: boolean }): void;
 }>;

@@ -7,10 +7,10 @@ import { RECOVERY_PRIORITY } from '../src/db/jobs.ts';
 export const payloadSchema = z.object({ request_id: z.string().startsWith('req_') });
 
 /** `runJob`: the executor's attempt runner claiming the named request and running it. */
-export function executeRequestTask(runJob: (requestId: string, opts: { urgent: boolean }) => Promise<void>): Task {
+export function executeRequestTask(runJob: (requestId: string, opts: { callerWaits: boolean }) => Promise<void>): Task {
   return async (payload, helpers) => {
     const { request_id } = payloadSchema.parse(payload);
     // A re-dispatched attempt may have readers waiting: it does not yield to acceptance.
-    await runJob(request_id, { urgent: helpers.job.priority <= RECOVERY_PRIORITY });
+    await runJob(request_id, { callerWaits: helpers.job.priority <= RECOVERY_PRIORITY });
   };
 }

@@ -27,8 +27,8 @@ const HAND_BACK_WAIT_MS = 10_000;
  * the slot is taken before the commit, and freed when it claimed nothing.
  */
 export type AttemptRunner = RunWhereAccepted & {
-  /** graphile-worker's task: claims the job's request (batched with its neighbours') and runs it; `urgent`: somebody may be waiting on it. */
-  runJob(requestId: string, opts?: { urgent?: boolean }): Promise<void>;
+  /** graphile-worker's task: claims the job's request (batched with its neighbours') and runs it; `callerWaits`: somebody may be waiting on it. */
+  runJob(requestId: string, opts?: { callerWaits?: boolean }): Promise<void>;
   /** Lets attempts finish within the grace, then hands back the rest and waits for that to be written. */
   stop(graceMs: number): Promise<void>;
 };
@@ -73,10 +73,10 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
   );
 
   // Traced, an attempt is a span: the request's trace continued, or after a recovery a trace linked to it.
-  const execute = (attempt: Attempt, background: boolean): Promise<void> =>
-    tracer === null ? executeOne(attempt, background) : traceAttempt(tracer, attempt, () => executeOne(attempt, background));
+  const execute = (attempt: Attempt, callerWaits: boolean): Promise<void> =>
+    tracer === null ? executeOne(attempt, callerWaits) : traceAttempt(tracer, attempt, () => executeOne(attempt, callerWaits));
 
-  const executeOne = async (attempt: Attempt, background: boolean): Promise<void> => {
+  const executeOne = async (attempt: Attempt, callerWaits: boolean): Promise<void> => {
     const running: Running = { attempt, controller: new AbortController(), renewedAt: Date.now() };
     active.add(running);
     // A cancel heard on the bus stops the call at once; one whose event was lost, at the next renewal.
@@ -87,7 +87,7 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
       let outcome: Outcome;
       try {
         // Leased meanwhile (the heartbeat renews it); an abort lets it go on to runAttempt, which answers for it.
-        if (background) {
+        if (!callerWaits) {
           await yielder.wait(running.controller.signal);
           if (TRACING) trace(attempt.id, 'yielded');
         }
@@ -145,14 +145,14 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
       reserved++;
       return owner;
     },
-    start(claimed, { background }) {
+    start(claimed, { callerWaits }) {
       reserved--;
-      if (claimed) void execute(claimed, background);
+      if (claimed) void execute(claimed, callerWaits);
     },
     async runJob(requestId, opts) {
       const attempt = await claims.add(requestId);
       if (TRACING && attempt) trace(attempt.id, 'claimed');
-      if (attempt) await execute(attempt, !opts?.urgent);
+      if (attempt) await execute(attempt, opts?.callerWaits ?? false);
     },
     async stop(graceMs) {
       stopping = true;

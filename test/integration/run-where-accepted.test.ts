@@ -34,7 +34,7 @@ function submission(text: string, id = newId('req')): NewSubmission {
     limits: null,
     cache: null,
     backend: { backend_id: 'bk_test', namespace_id: 'ns_test', kind: 'chat_compat', dialect: 'chat', address: 'http://127.0.0.1:9', credential_source: 'stored', credential_sealed: null },
-    waited: true,
+    callerWaits: true,
   };
 }
 
@@ -69,9 +69,9 @@ describe('run where accepted: the slot a submission holds through its commit', f
   it('claims only with a free slot, and frees it when the commit claimed nothing', () => {
     expect(runner.reserve()).to.equal(owner, 'a free slot: the commit claims for this process');
     expect(runner.reserve()).to.equal(null, 'the only slot is held by the first commit: record and enqueue only');
-    runner.start(null, { background: false });
+    runner.start(null, { callerWaits: true });
     expect(runner.reserve()).to.equal(owner, 'the commit that claimed nothing gave its slot back');
-    runner.start(null, { background: false });
+    runner.start(null, { callerWaits: true });
   });
 
   it('a submission holds the slot through its commit, and gives it back when it attached', async () => {
@@ -84,7 +84,7 @@ describe('run where accepted: the slot a submission holds through its commit', f
     const attached = await attaching;
     expect(attached).to.include({ requestId: live.requestId, attached: true });
     expect(runner.reserve()).to.equal(owner, 'the attached submission gave its slot back');
-    runner.start(null, { background: false });
+    runner.start(null, { callerWaits: true });
   });
 
   it('gives the slot back when the commit failed', async () => {
@@ -93,6 +93,6 @@ describe('run where accepted: the slot a submission holds through its commit', f
     await submitter.submit(submission('refused by the table', 'bad_id')).catch((err: unknown) => (thrown = err));
     expect(thrown).to.be.instanceOf(Error).with.property('message').that.matches(/check constraint/);
     expect(runner.reserve()).to.equal(owner, 'the failed submission gave its slot back');
-    runner.start(null, { background: false });
+    runner.start(null, { callerWaits: true });
   });
 });

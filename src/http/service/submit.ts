@@ -70,6 +70,7 @@ export async function acceptSubmission(
   // The model is stored as text, which cannot hold U+0000 (the body keeps its escape as sent).
   if (model.includes('\u0000')) throw new ServiceError('bad_request', 'The `model` must not contain U+0000.');
   const streaming = topLevelBoolean(value, 'stream') === true;
+  const background = dialect === 'responses' && topLevelBoolean(value, 'background') === true;
   const directive = parseCacheHeader(req.headers[CACHE_HEADER]);
   if (typeof directive === 'string') throw new ServiceError('bad_request', directive);
 
@@ -137,7 +138,9 @@ export async function acceptSubmission(
       sealedCredential: credential === null ? null : seal(deps.keyring, credential, id),
       limits: auth.limits,
       cache: policy === null ? null : { key: cacheKey(identity, backend.backend_id, upstreamModel), ...policy },
-      waited: !opts.fireAndForget,
+      // Nobody waits on a POST /requests: its work yields to acceptance. A background response's
+      // caller polls or resumes it from the moment its create answers: it does not.
+      callerWaits: !opts.fireAndForget,
       // The caller's request span: attempts continue its trace (docs/operations.md "Tracing").
       traceParent: tracer === null ? null : currentTraceParent(),
   };
@@ -152,7 +155,7 @@ export async function acceptSubmission(
       throw err;
     });
   if (tracer !== null) await traceAccepted(deps, auth, dialect, submitted);
-  return { ...submitted, streaming, background: dialect === 'responses' && topLevelBoolean(value, 'background') === true };
+  return { ...submitted, streaming, background };
 }
 
 /** What the caller's request span learns of an accepted submission; one that attached links to the execution's trace. */

@@ -69,12 +69,12 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
       try {
         submitted = await commit(submission, owner);
       } catch (err) {
-        runWhereAccepted.start(null, { background: false }); // nothing claimed: the slot is free again
+        runWhereAccepted.start(null, { callerWaits: true }); // nothing claimed: the slot is free again
         throw err;
       }
       // It claimed only an execution it started: one it attached to, or the cache answered, is not this slot's.
       const claimed = submitted.attached || submitted.cachedFrom !== null ? null : acceptedAttempt(submission, submitted.jobId);
-      runWhereAccepted.start(claimed, { background: !submission.waited });
+      runWhereAccepted.start(claimed, { callerWaits: submission.callerWaits });
       return submitted;
     },
     close: () => writer.end(),
