@@ -105,7 +105,14 @@ function sendFrames(res: Response, batch: Frames, withIds: boolean): Promise<voi
   let ok = true;
   for (let i = 0; i < frames.length; i++) {
     if (withIds) res.write(`id: ${frames[i]!.seq}\n`);
-    if (page && i === frames.length - 1) return written(res, (done) => write(res, frames[i]!.frame, done));
+    if (page && i === frames.length - 1) {
+      const sent = written(res, (done) => write(res, frames[i]!.frame, done));
+      // A page read from the table is this reader's alone, and the read's promises (made before
+      // it waited for a connection) still hold its array: emptied, it keeps nothing of the page
+      // once the socket took it (see readFrames in src/db/chunks.ts).
+      (frames as ChunkRow[]).length = 0;
+      return sent;
+    }
     ok = write(res, frames[i]!.frame);
   }
   return ok ? undefined : drained(res);
