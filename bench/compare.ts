@@ -32,7 +32,6 @@
 // Sarsen runs with --processes 1 (--sarsen-processes N for the phases but the last).
 // Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --rounds 3 --phases nonstream,accept,cache,streams,many,longstreams,processes,capacity --allow-non-durable]
 // Needs wrk (Debian: apt-get install wrk). PostgreSQL must be durable (see lib/database.ts).
-import fs from 'node:fs';
 import os from 'node:os';
 import http from 'node:http';
 import path from 'node:path';
@@ -54,7 +53,7 @@ import { treeCpuMs, sampleTreeRss } from './lib/process-tree.ts';
 import { createAgent, streamOnce } from './lib/stream-client.ts';
 import { runLongStreams, longStreamsReport, type LongResult, type LongShape, type LongSide } from './lib/long-streams.ts';
 import { summarise, fmt, median, table, verdict } from './lib/stats.ts';
-import { traceReport, type TraceWindow } from './lib/trace-report.ts';
+import { startSpanCollector, type SpanCollector, type TraceWindow } from './lib/trace-report.ts';
 import { benchArgs } from './lib/args.ts';
 
 const PHASE_NAMES = ['nonstream', 'accept', 'cache', 'streams', 'many', 'longstreams', 'processes', 'capacity'];
@@ -72,7 +71,7 @@ const args = benchArgs({
   'frame-ms': { type: 'string', default: '30' },
   'arrival-s': { type: 'string', default: '10' },
   'sarsen-processes': { type: 'string', default: '1' },
-  // Sarsen writes every submission's milestones (src/trace.ts); the slowest are printed at the end.
+  // Sarsen exports every span to this process (lib/trace-report.ts); the slowest requests' milestones are printed at the end.
   trace: { type: 'boolean', default: false },
   // A subset of the phases, for working on one target: --phases accept,many
   phases: { type: 'string', default: PHASE_NAMES.join(',') },
@@ -104,9 +103,8 @@ if (![SECONDS, WARMUP, ROUNDS, ACCEPT_C, STREAMS, MANY, STREAM_SECONDS, LONG.str
   throw new Error('usage: --seconds N --warmup N --concurrency 1,16,64 --rounds N (≥ 1) --concurrent-streams N --many N --stream-seconds N --streams N --frames N (≥ 2) --frame-ms N --arrival-s S --sarsen-processes N');
 }
 const CHILD_ENV: Record<string, string> = childEnv(args['child-env']);
-// Traced runs keep their files for a closer look.
-const TRACE_PREFIX = args.trace ? path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-trace-')), 'trace') : null;
-if (TRACE_PREFIX) CHILD_ENV.SARSEN_TRACE = TRACE_PREFIX;
+const spans: SpanCollector | null = args.trace ? await startSpanCollector() : null;
+if (spans) Object.assign(CHILD_ENV, spans.env);
 const traceWindows: TraceWindow[] = [];
 const epochNow = () => performance.timeOrigin + performance.now();
 const describeRuntime = (env: Record<string, string>) => Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ');
@@ -336,18 +334,20 @@ async function main(): Promise<void> {
     }
 
     report({ nonStream, acceptance, cache, streams, many, long, processes });
-    if (TRACE_PREFIX) {
-      out();
-      out(traceReport(TRACE_PREFIX, traceWindows));
-    }
   } finally {
     progress('cleaning up');
     await stopSarsen(under);
+    // A stopping process exports what it still held: the last phase's spans are in once it is gone.
+    if (spans) {
+      out();
+      out(spans.report(traceWindows));
+    }
     await gateway?.stop().catch(() => undefined);
     await provider?.child.kill('SIGTERM');
     await longProvider?.child.kill('SIGTERM');
     for (const relay of relays) await relay.child.kill('SIGTERM');
     await shutdownDatabases();
+    await spans?.close();
   }
 }
 

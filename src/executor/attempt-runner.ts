@@ -13,9 +13,8 @@ import { createSettle } from './settle.ts';
 import { createYielder } from './yield.ts';
 import { logger, errorFields } from '../log.ts';
 import type { RunWhereAccepted } from '../deps.ts';
-import { TRACING, trace } from '../trace.ts';
 import { tracer } from '../telemetry/tracing.ts';
-import { traceAttempt, attemptEnded } from '../telemetry/spans.ts';
+import { traceAttempt, attemptEnded, attemptYielded } from '../telemetry/spans.ts';
 
 // Jobs a worker pool hands out together are claimed together.
 const MAX_CLAIMS = 256;
@@ -89,7 +88,7 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
         // Leased meanwhile (the heartbeat renews it); an abort lets it go on to runAttempt, which answers for it.
         if (!callerWaits) {
           await yielder.wait(running.controller.signal);
-          if (TRACING) trace(attempt.id, 'yielded');
+          if (tracer !== null) attemptYielded();
         }
         outcome = await runAttempt(deps, attempt, deps.settings.current(), running.controller.signal);
       } catch (err) {
@@ -151,7 +150,6 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
     },
     async runJob(requestId, opts) {
       const attempt = await claims.add(requestId);
-      if (TRACING && attempt) trace(attempt.id, 'claimed');
       if (attempt) await execute(attempt, opts?.callerWaits ?? false);
     },
     async stop(graceMs) {

@@ -22,7 +22,6 @@ import { upstreamBody, answerResponseId, frameResponseId } from '../core/backgro
 import type { ChunkWriter } from './chunk-writer.ts';
 import { TransportError, describeTransportError, type Sent, type Upstream, type UpstreamResponse } from './upstream.ts';
 import { logger } from '../log.ts';
-import { TRACING, trace } from '../trace.ts';
 import { tracer } from '../telemetry/tracing.ts';
 import { traceProviderCall, type CallTrace } from '../telemetry/spans.ts';
 import { OPERATION, providerName } from '../core/genai.ts';
@@ -187,7 +186,6 @@ async function callProvider(
   const sent: Sent = { reached: false, bytes: 0 };
   if (attempt.attempt === 1) observeAcceptanceToCall(idTime(attempt.id));
   const callStarted = performance.now();
-  if (TRACING) trace(attempt.id, 'provider_call');
   try {
     res = await deps.upstream.call(
       {
@@ -211,7 +209,6 @@ async function callProvider(
   }
   observeProviderCall(backend.kind, res.status, callStarted);
   call?.answered(res.status);
-  if (TRACING) trace(attempt.id, 'provider_answered');
   const contentType = header(res, 'content-type');
   const success = res.status >= 200 && res.status < 300;
   if (success && attempt.streaming && /^text\/event-stream\b/i.test(contentType ?? '')) {
@@ -228,7 +225,6 @@ async function callProvider(
     return transportFailure(attempt, settings, traffic(sent, 0), describeTransportError(err));
   }
   const moved = traffic(sent, body.length);
-  if (TRACING) trace(attempt.id, 'provider_done');
   if (success) {
     call?.answer(body);
     if (attempt.dialect === 'responses') await noteResponseId(deps, attempt, answerResponseId(body), settings);
@@ -269,8 +265,6 @@ async function runStream(
   const store = (frames: Buffer[]): void => {
     if (frames.length === 0) return;
     if (seq < attempt.firstSeq && attempt.attempt === 1) observeFirstFrame(idTime(attempt.id));
-    const first = TRACING && seq < attempt.firstSeq;
-    if (first) trace(attempt.id, 'first_frame');
     call?.frames(frames, seq + 1);
     const rows = frames.map((frame) => {
       tokens.push(frame);
@@ -282,7 +276,6 @@ async function runStream(
     backlog.handed(rows.length);
     deps.chunks.write(rows).then(
       (stored) => {
-        if (first) trace(attempt.id, 'first_frame_commit');
         if (stored) call?.committed(rows.length);
         backlog.settled(rows.length, stored ? undefined : new LeaseLost('the lease was lost while streaming'));
       },
@@ -309,7 +302,6 @@ async function runStream(
       if (backlog.full()) await backlog.drained();
     }
     store(await withId(framer.end()));
-    if (TRACING) trace(attempt.id, 'provider_done');
     const storeFailure = await backlog.allSettled();
     if (storeFailure) throw storeFailure;
   } catch (caught) {

@@ -11,7 +11,6 @@ import { createBatcher, LINGER_TURNS, SPARE_LANE_AT, WRITER_LANES } from '../cor
 import type { Outcome } from './execute.ts';
 import { logger } from '../log.ts';
 import { countGroupCommit, countHandBack } from '../metrics/metrics.ts';
-import { TRACING, traceFlush } from '../trace.ts';
 import { tracer } from '../telemetry/tracing.ts';
 import { tracedFlush, traceSettle } from '../telemetry/spans.ts';
 
@@ -27,9 +26,7 @@ export function createSettle(deps: BaseDeps): Settle {
       const opts = { metering: deps.settings.current().metering_enabled, origin: deps.processId };
       // Through an outage, for as long as the lease could last: the answer is in hand.
       const flush = () => retryTransient(() => settleBatch(writer, batch, opts), deps.settings.current().lease_ms);
-      const written = await (tracer !== null
-        ? tracedFlush('settle:', batch.map((terminal) => terminal.id), lane, flush)
-        : TRACING ? traceFlush(batch.map((terminal) => terminal.id), 'terminal', flush) : flush());
+      const written = await (tracer === null ? flush() : tracedFlush('settle:', batch.map((terminal) => terminal.id), lane, flush));
       return batch.map((terminal) => written.has(terminal.id));
     },
     { maxBatch: MAX_BATCH, lanes: WRITER_LANES, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },

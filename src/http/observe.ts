@@ -5,7 +5,6 @@ import type { Request, Response, NextFunction } from 'express';
 import { logger } from '../log.ts';
 import { isDialect } from '../core/dialects.ts';
 import { countSubmission, countHeldTooLong, observeHttp } from '../metrics/metrics.ts';
-import { TRACING, trace, traceNow } from '../trace.ts';
 
 /** What a route tells the access log and the metrics about its request (res.locals.observed). */
 export type Observed = { requestId?: string; attached?: boolean; cached?: boolean; errorCode?: string };
@@ -30,7 +29,6 @@ function submissionDialect(route: string, req: Request): string | null {
 export function observeRequests() {
   return (req: Request, res: Response, next: NextFunction): void => {
     const started = performance.now();
-    const arrivedAt = TRACING ? traceNow() : 0;
     res.once('close', () => {
       const seconds = (performance.now() - started) / 1000;
       const route = req.route ? `${req.baseUrl}${String(req.route.path)}` : 'unmatched';
@@ -44,10 +42,6 @@ export function observeRequests() {
         if (o.attached !== undefined) countSubmission(suffix, dialect, o.cached ? 'cached' : o.attached ? 'attached' : 'new');
         else countSubmission(suffix, dialect, 'refused', o.errorCode ?? 'other');
         if (o.errorCode === 'held_too_long') countHeldTooLong(suffix);
-        if (TRACING && o.requestId) {
-          trace(o.requestId, 'arrived', arrivedAt);
-          trace(o.requestId, 'answered');
-        }
       }
       logger.log(QUIET_ROUTES.has(route) ? 'debug' : 'info', 'request', {
         method: req.method,

@@ -20,8 +20,10 @@ import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from '@opentelemetry/semantic
 import type { TracingConfig } from '../config/config.ts';
 import { correlateLogLines } from '../log.ts';
 import { useTracer, logFields } from './tracing.ts';
+import { watchPauses } from './pauses.ts';
 
 let provider: TracerProvider | null = null;
+let unwatch: (() => void) | null = null;
 
 function samplerOf(cfg: TracingConfig): Sampler {
   const root = cfg.sampler.endsWith('always_off') ? new AlwaysOffSampler() : cfg.sampler.endsWith('traceidratio') ? new TraceIdRatioBasedSampler(cfg.ratio) : new AlwaysOnSampler();
@@ -55,7 +57,9 @@ export async function startTracing(cfg: TracingConfig | null, role: string): Pro
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
   trace.setGlobalTracerProvider(provider);
-  useTracer(provider.getTracer('sarsen', '0.1.0'), stopTracing);
+  const tracer = provider.getTracer('sarsen', '0.1.0');
+  useTracer(tracer, stopTracing);
+  unwatch = watchPauses(tracer);
   correlateLogLines(logFields);
 }
 
@@ -64,6 +68,8 @@ async function stopTracing(): Promise<void> {
   const p = provider;
   if (p === null) return;
   provider = null;
+  unwatch?.();
+  unwatch = null;
   await p.forceFlush().catch(() => {});
   await p.shutdown().catch(() => {});
 }

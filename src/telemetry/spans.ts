@@ -88,6 +88,11 @@ export function traceAttempt(tracer: Tracer, a: AttemptFacts, fn: () => Promise<
   return within(span, fn);
 }
 
+/** The attempt waited for acceptance to go quiet before its provider call (docs/durability.md "Acceptance first"). */
+export function attemptYielded(): void {
+  activeSpan()?.addEvent('sarsen.yielded');
+}
+
 /** How the attempt ended (succeeded, failed, retry, lease_lost, handed_back), on the attempt's span. */
 export function attemptEnded(kind: string): void {
   const span = activeSpan();

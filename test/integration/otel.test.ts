@@ -6,7 +6,6 @@
 // traceparent is the parent and is never forwarded; an attached body links instead of calling;
 // an executor killed mid-stream gives a second attempt, elsewhere, linked to the first trace.
 import crypto from 'node:crypto';
-import fs from 'node:fs';
 import http from 'node:http';
 import { expect } from 'chai';
 import { startFakeProvider, chatFrames, type FakeProvider } from '../support/fake-provider.ts';
@@ -66,10 +65,6 @@ describe('OpenTelemetry tracing across processes', function () {
     t = await provision(d.asServer(api), provider);
   });
   after(async () => {
-    // The spans as they arrived, for the waterfall drawn in docs/operations.md (bench/trace-waterfall.ts).
-    if (process.env.SARSEN_OTEL_DUMP && receiver) {
-      fs.writeFileSync(process.env.SARSEN_OTEL_DUMP, JSON.stringify(receiver.spans, (_, v) => (typeof v === 'bigint' ? v.toString() : v), 1));
-    }
     for (const p of [api, ...(executors ?? [])]) await p?.kill('SIGTERM');
     await d?.close();
     await provider?.close();

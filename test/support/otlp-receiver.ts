@@ -13,7 +13,7 @@ export type ExportedSpan = {
   name: string;
   kind: number;
   attributes: Attrs;
-  events: { name: string; attributes: Attrs }[];
+  events: { name: string; attributes: Attrs; timeNs: bigint }[];
   links: { traceId: string; spanId: string; attributes: Attrs }[];
   status: number;
   resource: Attrs;
@@ -45,6 +45,34 @@ function valueOf(v: AnyValue): unknown {
 
 const attrs = (list: { key: string; value: AnyValue }[] | undefined): Attrs => Object.fromEntries((list ?? []).map((a) => [a.key, valueOf(a.value)]));
 
+/** The spans of one OTLP/HTTP JSON export body. */
+export function decodeSpans(text: string): ExportedSpan[] {
+  const spans: ExportedSpan[] = [];
+  const doc = JSON.parse(text) as { resourceSpans?: any[] };
+  for (const rs of doc.resourceSpans ?? []) {
+    const resource = attrs(rs.resource?.attributes);
+    for (const ss of rs.scopeSpans ?? []) {
+      for (const s of ss.spans ?? []) {
+        spans.push({
+          traceId: s.traceId,
+          spanId: s.spanId,
+          parentSpanId: s.parentSpanId ?? '',
+          name: s.name,
+          kind: s.kind,
+          attributes: attrs(s.attributes),
+          events: (s.events ?? []).map((e: any) => ({ name: e.name, attributes: attrs(e.attributes), timeNs: BigInt(e.timeUnixNano) })),
+          links: (s.links ?? []).map((l: any) => ({ traceId: l.traceId, spanId: l.spanId, attributes: attrs(l.attributes) })),
+          status: s.status?.code ?? 0,
+          resource,
+          startNs: BigInt(s.startTimeUnixNano),
+          endNs: BigInt(s.endTimeUnixNano),
+        });
+      }
+    }
+  }
+  return spans;
+}
+
 export async function startOtlpReceiver(): Promise<OtlpReceiver> {
   const spans: ExportedSpan[] = [];
   const bodies: string[] = [];
@@ -56,28 +84,7 @@ export async function startOtlpReceiver(): Promise<OtlpReceiver> {
       const text = Buffer.concat(chunks).toString('utf8');
       bodies.push(text);
       if (req.url === '/v1/traces' && /json/.test(req.headers['content-type'] ?? '')) {
-        const doc = JSON.parse(text) as { resourceSpans?: any[] };
-        for (const rs of doc.resourceSpans ?? []) {
-          const resource = attrs(rs.resource?.attributes);
-          for (const ss of rs.scopeSpans ?? []) {
-            for (const s of ss.spans ?? []) {
-              spans.push({
-                traceId: s.traceId,
-                spanId: s.spanId,
-                parentSpanId: s.parentSpanId ?? '',
-                name: s.name,
-                kind: s.kind,
-                attributes: attrs(s.attributes),
-                events: (s.events ?? []).map((e: any) => ({ name: e.name, attributes: attrs(e.attributes) })),
-                links: (s.links ?? []).map((l: any) => ({ traceId: l.traceId, spanId: l.spanId, attributes: attrs(l.attributes) })),
-                status: s.status?.code ?? 0,
-                resource,
-                startNs: BigInt(s.startTimeUnixNano),
-                endNs: BigInt(s.endTimeUnixNano),
-              });
-            }
-          }
-        }
+        spans.push(...decodeSpans(text));
       }
       res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
       for (const w of waiters) w();

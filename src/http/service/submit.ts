@@ -29,7 +29,6 @@ import { CACHE_HEADER, parseCacheHeader, cachePolicy, cacheKey } from '../../cor
 import { countRateLimited } from '../../metrics/metrics.ts';
 import { seal } from '../../core/sealing.ts';
 import { callerCredential, credentialIdentity } from './caller-credential.ts';
-import { TRACING, trace } from '../../trace.ts';
 import { tracer, activeSpan } from '../../telemetry/tracing.ts';
 import { traceAcceptance, currentTraceParent, linkAttached } from '../../telemetry/spans.ts';
 import { requestTraceParent } from '../../db/requests.ts';
@@ -117,7 +116,6 @@ export async function acceptSubmission(
     'hex',
   );
   const policy = cachePolicy(auth.cacheTtlMinutes, directive);
-  if (TRACING) trace(id, 'submit');
   const submission: NewSubmission = {
       id,
       tenancyId: auth.tenancyId,

@@ -12,7 +12,6 @@ import { acceptedAttempt } from '../../db/attempts.ts';
 import type { NewSubmission, RunWhereAccepted, Submitter } from '../../deps.ts';
 import { countGroupCommit } from '../../metrics/metrics.ts';
 import { createBatcher, LINGER_TURNS, SPARE_LANE_AT, WRITER_LANES } from '../../core/batcher.ts';
-import { TRACING, traceFlush } from '../../trace.ts';
 import { tracer } from '../../telemetry/tracing.ts';
 import { tracedFlush } from '../../telemetry/spans.ts';
 
@@ -37,8 +36,7 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
     (batch, lane) => {
       countGroupCommit('submissions', lane);
       const flush = () => retryTransient(() => submitBatch(writer, batch, submitSettings(settings.current())), OUTAGE_PATIENCE_MS);
-      if (tracer !== null) return tracedFlush('accept:', batch.map((r) => r.id), lane, flush);
-      return TRACING ? traceFlush(batch.map((r) => r.id), 'accept', flush) : flush();
+      return tracer === null ? flush() : tracedFlush('accept:', batch.map((r) => r.id), lane, flush);
     },
     { maxBatch: MAX_BATCH, lanes: WRITER_LANES, spareAt: SPARE_LANE_AT, linger: LINGER_TURNS },
   );
