@@ -12,7 +12,7 @@
 //              database rows, commits, statements and WAL bytes per request. --rounds (3)
 //              rounds, each measuring the gateway then Sarsen at every level, both running
 //              throughout: the ratio judged is the median of the rounds' own, so that drift on
-//              a shared machine (single runs moved it from 0.4 to 1.4) weighs on both sides alike
+//              a shared machine (single runs move it by half and more) weighs on both sides alike
 //   streams    streams of --frames (300) frames --frame-ms (30) apart, --arrival-s (2) to open
 //              them all, at each count of --streams in turn, directly and through each proxy:
 //              a proxy's streams per core is the largest count whose p50 duration stays within

@@ -268,7 +268,7 @@ async function main(): Promise<void> {
           return { accepted, drain };
         };
         // The route warmed (and its backlog drained) first, as every other phase is: a cold
-        // first run measured 10-20% below the runs after it.
+        // first run is slower than the runs after it.
         if (WARMUP > 0) await accept(s.side, ', warming up', WARMUP);
         const { accepted, drain } = await accept(s.side, '');
         // Limits on and off in turn, off first and last: a drift over the runs (a warming

@@ -1,5 +1,7 @@
 // Streaming through Sarsen versus straight at the provider, in the same run (docs/performance.md
-// "Targets": added time to first byte p50 ≤ 3 ms; 1,000 concurrent live streams with peak RSS ≤ 300 MB).
+// "Targets": added time to first byte p50 ≤ 3 ms). The concurrency levels show what a growing
+// number of live streams costs in frame delay, memory and CPU; the target for 1,000 streams at
+// once is judged by bench:compare.
 // The provider streams `--frames` frames at a fixed pace and notes when it wrote each one, so a
 // frame's delay is its arrival at the caller minus its write, measured in one process.
 //
@@ -23,7 +25,7 @@ import { startStreamSarsen, provisionStreaming, memoryMb, cpuMs, postgresCpuMs, 
 import { pct, maxOverlap, ms, textTable } from './lib/stream-stats.ts';
 import { benchArgs } from './lib/args.ts';
 
-const TARGETS = { addedTtfbP50Ms: 3, streams: 1000, peakRssMb: 300 };
+const TARGETS = { addedTtfbP50Ms: 3 };
 const HARD_LIMIT_MS = 20 * 60_000;
 
 const args = benchArgs({
@@ -256,16 +258,8 @@ function report(lat: { direct: LatencyFigures; via: LatencyFigures }, levels: { 
   }
   out(textTable(['streams', 'completed', 'provider at once', 'caller live at once', 'wall s', 'ttfb p50', 'ttfb p99', 'delay p50', 'delay p99', 'Sarsen RSS peak MB', 'CPU cores: Sarsen', 'PostgreSQL', 'callers+provider'], rows));
   for (const { via } of levels) if (via.errors) out(`  ${via.n} through Sarsen: ${via.errors}`);
-  const top = levels.find((l) => l.via.n === TARGETS.streams)?.via;
   out();
   out(`Sarsen RSS after warm-up ${ms(rssAfterWarmup, 0)} MB; VmHWM (peak over the whole run) ${ms(hwm, 0)} MB`);
-  if (top) {
-    const rssOk = (top.rssPeak ?? Infinity) <= TARGETS.peakRssMb;
-    const liveOk = top.providerAtOnce >= TARGETS.streams && top.ok === top.n;
-    out(`Target: ${TARGETS.streams} concurrent live streams with peak RSS ≤ ${TARGETS.peakRssMb} MB: ` +
-      `${liveOk ? 'all live at once' : `only ${top.providerAtOnce} live at once at the provider, ${top.ok}/${top.n} completed`}; ` +
-      `RSS ${rssOk ? 'met' : `MISSED (${ms(top.rssPeak ?? NaN, 0)} MB)`}`);
-  }
 }
 
 const hardLimit = setTimeout(() => {

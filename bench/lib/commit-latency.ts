@@ -1,7 +1,7 @@
 // What one durable commit costs on this machine, twice: with the CPUs idle, and with every CPU
 // kept busy by spinning processes at the lowest priority (docs/performance.md "What bounds the
 // figures"). On nested virtual machines a disk flush that completes while every vCPU is busy is
-// noticed late: on AG a commit cost ten times as much under load as alone. That, not PostgreSQL's
+// noticed late, so a commit under load can cost many times what it costs alone. That, not PostgreSQL's
 // CPU, then bounds a durable proxy at moderate concurrency, and a stateless gateway never pays it.
 // The figure is the p50 of one-row INSERTs through node-pg, each its own transaction, on one
 // connection to a fresh database of the benchmark's server.

@@ -21,7 +21,7 @@ const built = new Map<string, string>();
  * project's node_modules), once per benchmark process; answers its main script. Run from its
  * TypeScript sources, Node also holds its type stripper for the life of the process
  * (docs/performance.md "Memory"), and the image never runs that way. `root`: another checkout's
- * sources (bench/ab.ts builds a base commit), compiled with this checkout's TypeScript and run
+ * sources (bench/diagnose/ab.ts builds a base commit), compiled with this checkout's TypeScript and run
  * with its node_modules.
  */
 export function compiledMain(root = ROOT): string {

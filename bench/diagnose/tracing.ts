@@ -4,11 +4,11 @@
 // from a real answer, settlement), sampled at 100% and exported over OTLP/HTTP to a sink that keeps
 // nothing, against the same work with tracing off (one variable tested per call site).
 //
-//   npm run bench:tracing [-- --requests 20000 --protocol http/protobuf]
+//   node bench/diagnose/tracing.ts [--requests 20000 --protocol http/protobuf]
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { benchArgs } from './lib/args.ts';
-import { readTracing } from '../src/config/config.ts';
+import { benchArgs } from '../lib/args.ts';
+import { readTracing } from '../../src/config/config.ts';
 
 const args = benchArgs({
   requests: { type: 'string', default: '20000' },
@@ -26,8 +26,8 @@ const sink = http.createServer((req, res) => {
 await new Promise<void>((resolve) => sink.listen(0, '127.0.0.1', resolve));
 const endpoint = `http://127.0.0.1:${(sink.address() as AddressInfo).port}`;
 
-const tracing = await import('../src/telemetry/tracing.ts');
-const spans = await import('../src/telemetry/spans.ts');
+const tracing = await import('../../src/telemetry/tracing.ts');
+const spans = await import('../../src/telemetry/spans.ts');
 const { trace, context, SpanKind } = await import('@opentelemetry/api');
 const answer = Buffer.from(JSON.stringify({
   id: 'chatcmpl-bench', object: 'chat.completion', created: 0, model: 'gpt-bench',
@@ -80,7 +80,7 @@ async function run(): Promise<number> {
 
 const off: number[] = [];
 for (let r = 0; r < Number(args.rounds); r++) off.push(await run());
-const { startTracing } = await import('../src/telemetry/setup.ts');
+const { startTracing } = await import('../../src/telemetry/setup.ts');
 // The exporter reads its endpoint from the environment itself, as it does in Sarsen.
 process.env.OTEL_EXPORTER_OTLP_ENDPOINT = endpoint;
 await startTracing(readTracing({ OTEL_EXPORTER_OTLP_ENDPOINT: endpoint, OTEL_EXPORTER_OTLP_PROTOCOL: args.protocol, OTEL_TRACES_SAMPLER: 'always_on' }), 'bench');

@@ -5,7 +5,7 @@
 // two builds in the same round: it does not carry the gateway's own spread between runs, which on
 // a noisy machine is larger than most changes (docs/performance.md "What bounds the figures").
 //
-// Run: npm run bench:ab -- --base <commit> [--concurrency 16,64 --rounds 4 --seconds 8 --warmup 2]
+// Run: node bench/diagnose/ab.ts --base <commit> [--concurrency 16,64 --rounds 4 --seconds 8 --warmup 2]
 // A runtime setting is judged the same way, one build against itself: --base HEAD --head-env
 // NODE_OPTIONS=... (the head's child only; --child-env goes to both).
 // The base is checked out with `git archive` into a temporary directory and compiled with this
@@ -16,17 +16,17 @@ import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
-import { shutdownDatabases } from '../test/support/db.ts';
-import { spawnNode, type SarsenChild } from '../test/support/child.ts';
-import { createPool } from '../src/db/pool.ts';
-import { benchDatabase } from './lib/database.ts';
-import { startBenchSarsen, compiledMain, childEnv, type BenchSarsen } from './lib/sarsen-child.ts';
-import { provisionChat } from './lib/provision.ts';
-import { runWrk, wrkVersion, describeFailures } from './lib/wrk.ts';
-import { postmasterPid, serverCpuMs, machineCpuMs } from './lib/cpu.ts';
-import { treeCpuMs } from './lib/process-tree.ts';
-import { fmt, median, table } from './lib/stats.ts';
-import { benchArgs } from './lib/args.ts';
+import { shutdownDatabases } from '../../test/support/db.ts';
+import { spawnNode, type SarsenChild } from '../../test/support/child.ts';
+import { createPool } from '../../src/db/pool.ts';
+import { benchDatabase } from '../lib/database.ts';
+import { startBenchSarsen, compiledMain, childEnv, type BenchSarsen } from '../lib/sarsen-child.ts';
+import { provisionChat } from '../lib/provision.ts';
+import { runWrk, wrkVersion, describeFailures } from '../lib/wrk.ts';
+import { postmasterPid, serverCpuMs, machineCpuMs } from '../lib/cpu.ts';
+import { treeCpuMs } from '../lib/process-tree.ts';
+import { fmt, median, table } from '../lib/stats.ts';
+import { benchArgs } from '../lib/args.ts';
 
 const args = benchArgs({
   base: { type: 'string' },
@@ -51,7 +51,7 @@ const CHILD_ENV = childEnv(args['child-env']);
 const HEAD_ENV = childEnv([...args['child-env'], ...args['head-env']]);
 const envOf = (name: Build['name']) => (name === 'head' ? HEAD_ENV : CHILD_ENV);
 const describeEnv = (env: Record<string, string>) => Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ');
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const TAG = Math.random().toString(36).slice(2, 8);
 const BODY = `{"model":"gpt-bench","messages":[{"role":"user","content":"ab ${TAG} {n}"}]}`;
 

@@ -1,45 +1,29 @@
-// What one group-commit flush costs by the size of its batch
-// (docs/performance.md "What bounds the figures"): the submission statement and the terminal
-// write, each committed on its own, through the statements Sarsen runs (src/db/submissions.ts,
-// src/db/attempts.ts) on one batch connection of a fresh database, nothing else running. For
-// each batch size it prints the time of a flush as the writer waits for it, its share per item,
-// and the CPU the database backend and the writer (this process: building the statement, the
-// driver, the socket) spent per item on both; then lines fitted through the sizes: what a flush
-// costs whatever its size, and what each item adds. The fixed part is what a request pays alone
-// at low concurrency, and twice.
+// What one group-commit flush costs PostgreSQL by the size of its batch: the fixed part is what a
+// request pays alone at low concurrency, twice (acceptance and the terminal write). The submission
+// statement and the terminal write (src/db/submissions.ts, src/db/attempts.ts) run on one batch
+// connection of a fresh database, nothing else running; lines fitted through the sizes split a
+// flush into what it costs whatever its size and what each item adds.
 //
-// `--limited` gives every submission a key with rate limits that are checked but never reached,
-// so the statement carries the limit check (src/db/rate-limits.ts). `--explain N` then runs one
-// flush of N of each statement under EXPLAIN ANALYZE and prints each writing part's share of its
-// time and WAL (bench/lib/plan-parts.ts).
+//   --limited    a key whose rate limits are checked, never reached (src/db/rate-limits.ts)
+//   --claim      accepted as role api does (pending), then claimed before the terminal write
+//   --frames N   flushes of N running streams' frames (src/db/chunks.ts)
+//   --days D     the partitions of a deployment D days old (docs/storage.md "Cost of many partitions")
+//   --explain N  one flush of N under EXPLAIN ANALYZE: each writing part's share of time and WAL
 //
-// `--claim` accepts each batch as a process of role `api` does (pending, no lease) and claims it
-// as an executor does before its terminal write: the claim is a third statement, reported in a
-// column of its own and counted in the backend's CPU.
-//
-// `--frames N` then times flushes of stream frames: one row for each of N running requests, as the
-// frame writer stores them (src/db/chunks.ts), with the backend's CPU a flush.
-//
-// `--days D` first gives the database the partitions of a deployment D days old (a partition of
-// the payloads per day, of the request rows and the ledger per month, made ahead each day; the
-// migration's first ones gone): a generic plan of a statement that names a partitioned table
-// covers every partition, so what a flush costs may depend on how many a deployment keeps (90
-// days of payloads by default; docs/storage.md "Cost of many partitions").
-//
-// Run: npm run bench:flush -- [--sizes 1,4,16,64] [--items 1600] [--repeat 3] [--limited] [--claim] [--frames 100] [--days 90] [--explain 64]
-import { benchDatabase } from './lib/database.ts';
-import { processCpuMs } from './lib/cpu.ts';
-import { fmt, median, percentile, table } from './lib/stats.ts';
-import { createTestDatabase, shutdownDatabases } from '../test/support/db.ts';
-import { createBatchPool, type Pool } from '../src/db/pool.ts';
-import { ENSURE_TASK_SQL } from '../src/db/jobs.ts';
-import { ensurePartitions, listPartitions, PAYLOADS, REQUESTS } from '../src/db/partitions.ts';
-import { submitBatch, isRefused, type NewRequest, type Submitted } from '../src/db/submissions.ts';
-import { claimAttempts, settleBatch, type Terminal } from '../src/db/attempts.ts';
-import { storeFrames } from '../src/db/chunks.ts';
-import { newId } from '../src/core/ids.ts';
-import { benchArgs } from './lib/args.ts';
-import { explainParts } from './lib/plan-parts.ts';
+// Run: node bench/diagnose/flush.ts [--sizes 1,4,16,64] [--items 1600] [--repeat 3] [--limited] [--claim] [--frames 100] [--days 90] [--explain 64]
+import { benchDatabase } from '../lib/database.ts';
+import { processCpuMs } from '../lib/cpu.ts';
+import { fmt, median, percentile, table } from '../lib/stats.ts';
+import { createTestDatabase, shutdownDatabases } from '../../test/support/db.ts';
+import { createBatchPool, type Pool } from '../../src/db/pool.ts';
+import { ENSURE_TASK_SQL } from '../../src/db/jobs.ts';
+import { ensurePartitions, listPartitions, PAYLOADS, REQUESTS } from '../../src/db/partitions.ts';
+import { submitBatch, isRefused, type NewRequest, type Submitted } from '../../src/db/submissions.ts';
+import { claimAttempts, settleBatch, type Terminal } from '../../src/db/attempts.ts';
+import { storeFrames } from '../../src/db/chunks.ts';
+import { newId } from '../../src/core/ids.ts';
+import { benchArgs } from '../lib/args.ts';
+import { explainParts } from './plan-parts.ts';
 import type pg from 'pg';
 
 const args = benchArgs({
