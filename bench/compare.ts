@@ -31,7 +31,8 @@
 //
 // Sarsen runs with --processes 1 (--sarsen-processes N for the phases but the last).
 // Run: npm run bench:compare [-- --seconds 8 --warmup 2 --concurrency 1,16,64 --rounds 3 --phases nonstream,accept,cache,streams,many,longstreams,processes,capacity --allow-non-durable]
-// Needs wrk (Debian: apt-get install wrk). PostgreSQL must be durable (see lib/database.ts).
+// Needs wrk (Debian: apt-get install wrk) but for the cache and many phases. PostgreSQL must be
+// durable (see lib/database.ts).
 import os from 'node:os';
 import http from 'node:http';
 import path from 'node:path';
@@ -172,9 +173,10 @@ async function stopSarsen(s: SarsenUnderTest | null): Promise<void> {
 
 async function main(): Promise<void> {
   const db = await benchDatabase({ allowNonDurable: args['allow-non-durable'] });
-  const wrk = wrkVersion();
-  if (!wrk) throw new Error('wrk is not installed (Debian: apt-get install wrk); the side-by-side benchmark uses it as its load generator.');
   const has = (...phases: string[]) => phases.some((p) => PHASES.has(p));
+  // The cache and many phases need neither wrk nor the gateway.
+  const wrk = has('nonstream', 'accept', 'streams', 'processes') ? wrkVersion() : 'none (not needed by these phases)';
+  if (!wrk) throw new Error('wrk is not installed (Debian: apt-get install wrk); the side-by-side benchmark uses it as its load generator.');
   let provider: Provider | null = null;
   let longProvider: Provider | null = null;
   const relays: Provider[] = [];
@@ -192,11 +194,11 @@ async function main(): Promise<void> {
   };
   try {
     provider = await startProvider();
-    gateway = await startGateway();
+    if (has('nonstream', 'accept', 'streams', 'longstreams')) gateway = await startGateway();
 
     out(`Sarsen side-by-side benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}`);
-    out(`node ${process.version}; load generator ${wrk}; gateway @portkey-ai/gateway ${gateway.version}; provider: a Node process answering at once (streams: ${FRAMES} frames ${PACE_MS} ms apart)`);
+    out(`node ${process.version}; load generator ${wrk}; gateway ${gateway ? `@portkey-ai/gateway ${gateway.version}` : 'none (not needed by these phases)'}; provider: a Node process answering at once (streams: ${FRAMES} frames ${PACE_MS} ms apart)`);
     out(`database: ${db.describe}`);
     out(`commit: ${describeCommitLatency(await measureCommitLatency())}`);
     out(`Sarsen: role both, --processes ${SARSEN_PROCESSES} (the processes phase: 1 and 2)${args['sarsen-arg'].map((a) => ` ${a}`).join('')}, ${describeRuntime(CHILD_ENV)}; a fresh process for the request/response phases, another for the streaming ones, another for the long streams; ${SECONDS} s measured after ${WARMUP} s of warm-up per phase (non-streaming: ${ROUNDS} rounds of every side at every level); every body distinct`);
@@ -205,7 +207,7 @@ async function main(): Promise<void> {
     const auth = { authorization: 'Bearer sk-bench-direct', 'content-type': 'application/json' };
     const providerPid = provider.child.child.pid!;
     const direct: Side = { name: 'direct', url: `${provider.url}/v1/chat/completions`, headers: auth, pid: providerPid };
-    const viaGateway: Side = { name: 'gateway', url: `${gateway.url}/v1/chat/completions`, headers: { ...auth, ...gateway.headers(provider.url) }, pid: gateway.pid };
+    const viaGateway = gateway && ({ name: 'gateway', url: `${gateway.url}/v1/chat/completions`, headers: { ...auth, ...gateway.headers(provider.url) }, pid: gateway.pid } satisfies Side);
     // A relay to a provider (each phase has a provider of its own), called as the provider is.
     const relayTo = async (providerUrl: string): Promise<Side> => {
       const relay = await startRelay(providerUrl);
@@ -243,7 +245,7 @@ async function main(): Promise<void> {
       for (let round = 1; round <= (PHASES.has('nonstream') ? ROUNDS : 0); round++) {
         for (const c of LEVELS) {
           const row = new Map<string, Measured>();
-          for (const side of [direct, viaGateway, viaRelay!, s.side]) {
+          for (const side of [direct, viaGateway!, viaRelay!, s.side]) {
             progress(`non-streaming c=${c}, round ${round} of ${ROUNDS}: ${side.name}`);
             row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
           }
@@ -257,7 +259,7 @@ async function main(): Promise<void> {
         let gateway = middle((nonStream.get(ACCEPT_C) ?? []).map((row) => row.get('gateway')!), (m) => m.rate);
         if (!gateway) {
           progress(`non-streaming c=${ACCEPT_C}: gateway (the acceptance target's comparator)`);
-          gateway = await measure(viaGateway, ACCEPT_C, chatBody(false), SECONDS, WARMUP);
+          gateway = await measure(viaGateway!, ACCEPT_C, chatBody(false), SECONDS, WARMUP);
         }
         const accept = async (side: Side, what: string, seconds = SECONDS) => {
           progress(`POST /requests at c=${ACCEPT_C}${what}`);
@@ -296,7 +298,7 @@ async function main(): Promise<void> {
     const many = new Map<string, Burst>();
     if (has('streams', 'many')) {
       const s = await freshSarsen('the streaming phases', provider.url);
-      for (const side of PHASES.has('streams') ? [direct, viaGateway, s.side] : []) {
+      for (const side of PHASES.has('streams') ? [direct, viaGateway!, s.side] : []) {
         progress(`${STREAMS} concurrent streams: ${side.name}`);
         streams.set(side.name, await measure(side, STREAMS, chatBody(true), STREAM_SECONDS, 2));
       }
@@ -314,7 +316,7 @@ async function main(): Promise<void> {
       const s = await freshSarsen('the long streams', longProvider.url);
       const sides: LongSide[] = [
         { ...direct, url: `${longProvider.url}/v1/chat/completions`, pid: longProvider.child.child.pid! },
-        { ...viaGateway, headers: { ...auth, ...gateway.headers(longProvider.url) } },
+        { ...viaGateway!, headers: { ...auth, ...gateway!.headers(longProvider.url) } },
         viaRelay,
         s.side,
       ];
