@@ -156,7 +156,8 @@ async function recountUsage(pool: pg.Pool, namespaceId: string, since: number): 
             count(*) FILTER (WHERE q.provider_reached)::bigint AS provider_calls,
             sum(q.prompt_tokens) FILTER (WHERE q.status = 'succeeded')::bigint AS prompt_tokens,
             sum(q.completion_tokens) FILTER (WHERE q.status = 'succeeded')::bigint AS completion_tokens,
-            sum(q.total_tokens) FILTER (WHERE q.status = 'succeeded')::bigint AS total_tokens
+            sum(q.total_tokens) FILTER (WHERE q.status = 'succeeded')::bigint AS total_tokens,
+            count(*) FILTER (WHERE q.cached_from IS NOT NULL)::bigint AS cache_hits
        FROM (SELECT DISTINCT api_key_id FROM sarsen.ledger WHERE namespace_id = $1 AND created_at >= $2) k
        JOIN sarsen.requests q ON q.api_key_id = k.api_key_id AND q.namespace_id = $1 AND q.finished_at >= $2
       GROUP BY k.api_key_id ORDER BY k.api_key_id`,
