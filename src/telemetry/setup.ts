@@ -2,7 +2,7 @@
 // tracing is on, so a process without it never loads the SDK or the exporter. Spans leave in
 // batches (OTEL_BSP_*) over OTLP/HTTP, JSON or protobuf; the exporter reads its endpoint,
 // headers, timeout and compression from OTEL_EXPORTER_OTLP_* itself, once, here.
-import { context, propagation, trace } from '@opentelemetry/api';
+import { context, propagation, trace, type HrTime } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { W3CTraceContextPropagator, millisToHrTime } from '@opentelemetry/core';
 import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
@@ -17,7 +17,6 @@ import {
   type SpanExporter,
   type SpanProcessor,
 } from '@opentelemetry/sdk-trace';
-import type { HrTime } from '@opentelemetry/api';
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from '@opentelemetry/semantic-conventions';
 import type { TracingConfig } from '../config/config.ts';
 import { correlateLogLines } from '../log.ts';
