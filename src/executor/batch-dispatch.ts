@@ -7,18 +7,15 @@
 // traffic. A key over its rate limit pauses its batch for the Retry-After the statement gave.
 // A line a rule refuses ends as that line, with the code Sarsen would have answered. A batch
 // whose every line ended is finalized: its output and error files are sized from the answers.
-import type { BaseDeps, Deps } from '../deps.ts';
+import type { BaseDeps } from '../deps.ts';
 import { withTransaction, connectionFailed } from '../db/pool.ts';
 import {
   anyActiveBatch, tryDispatchLock, settleLines, pickWaitingLines, markLines, pauseBatch, finalizingBatches, endBatch, resultPage, withSavepoint,
   type WaitingLine, type LineOutcome, type Vendor,
 } from '../db/batches.ts';
 import { submitBatch, submitMeteredIn, isRefused, MeteringRefusal, type NewRequest } from '../db/submissions.ts';
-import { resolveModel } from '../control/resolve-model.ts';
-import { servesDialect } from '../core/dialects.ts';
-import { identityHash, parseCanonical, withTopLevelField, jsonString } from '../core/canonical-json.ts';
-import { newId } from '../core/ids.ts';
-import { ERROR_CODES, type ErrorCode } from '../core/errors.ts';
+import { routedRequest } from '../control/routed-request.ts';
+import { ERROR_CODES, ServiceError } from '../core/errors.ts';
 import { openaiResultLine, succeeded } from '../core/batch-shapes.ts';
 import { startLoop, type Loop } from './loop.ts';
 
@@ -32,44 +29,32 @@ const IDLE_MS = 250;
 type Round = { moved: boolean; inFlight: boolean };
 const PAGE = 500;
 
-const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_CODES[code].status, message });
+type Refusal = { code: string; status: number; message: string };
+const refusal = (err: ServiceError | MeteringRefusal): Refusal =>
+  err instanceof ServiceError ? { code: err.code, status: err.status, message: err.message } : { code: err.reason, status: ERROR_CODES[err.reason].status, message: err.message };
 
-/** A waiting line as the request it becomes, or the refusal Sarsen would have answered its body with. */
-async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest | { code: string; status: number; message: string }> {
+/**
+ * A waiting line as the request it becomes, through the one path a submission route takes too
+ * (control/routed-request.ts), or the refusal Sarsen would have answered its body with.
+ */
+async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest | Refusal> {
   // A line runs with its batch's key: once that key is revoked, its remaining lines are refused as its calls would be.
-  if (l.key_revoked) return refusal('unauthorised', 'The batch\'s API key was revoked before this line ran.');
-  const resolution = await resolveModel(deps as Deps, l.namespace_id, l.model);
-  if (resolution === null) return refusal('not_found', `No routing rule matches model ${JSON.stringify(l.model)} in this namespace.`);
-  if ('declined' in resolution) return refusal('forbidden', `Routing rule ${resolution.declined.rule_id} (${resolution.declined.model}) declines model ${JSON.stringify(l.model)}.`);
-  const { rule, backend } = resolution;
-  if (!servesDialect(backend.dialect, l.dialect)) {
-    return refusal('unprocessable_entity', `Model ${JSON.stringify(l.model)} routes to a ${backend.dialect}-dialect backend; this batch speaks ${l.dialect}. Sarsen does not translate between dialects.`);
-  }
-  if (backend.credential_source === 'caller') return refusal('passthrough_disabled', 'This model routes to a caller-credential backend, which takes synchronous submissions only.');
-  const upstreamModel = rule.rewrite_model ?? l.model;
-  const body = upstreamModel === l.model ? l.body : withTopLevelField(parseCanonical(l.body).value, 'model', jsonString(upstreamModel));
+  if (l.key_revoked) return refusal(new ServiceError('unauthorised', 'The batch\'s API key was revoked before this line ran.'));
   const limited = l.requests_per_minute !== null || l.tokens_per_minute !== null;
-  return {
-    id: newId('req'),
-    tenancyId: l.tenancy_id,
-    namespaceId: l.namespace_id,
-    apiKeyId: l.api_key_id,
-    backendId: backend.backend_id,
-    fallbackBackendIds: rule.fallback_backend_ids,
-    dialect: l.dialect,
-    streaming: false,
-    model: l.model,
-    upstreamModel,
-    forwardedHeaders: [],
-    hops: 0,
-    body,
-    identity: Buffer.from(identityHash({ dialect: l.dialect, canonicalText: l.body }), 'hex'),
-    sealedCredential: null,
-    owner: null,
-    limits: limited ? { requestsPerMinute: l.requests_per_minute, tokensPerMinute: l.tokens_per_minute } : null,
-    precounted: false,
-    cache: null,
-  };
+  try {
+    const { backend: _, ...routed } = await routedRequest(
+      deps,
+      {
+        tenancyId: l.tenancy_id, namespaceId: l.namespace_id, apiKeyId: l.api_key_id, dialect: l.dialect, model: l.model, text: l.body, value: null, streaming: false,
+        limits: limited ? { requestsPerMinute: l.requests_per_minute, tokensPerMinute: l.tokens_per_minute } : null,
+      },
+      { namespace: 'this namespace', speaker: 'this batch', synchronous: false, credential: null },
+    );
+    return { ...routed, forwardedHeaders: [], hops: 0, owner: null, precounted: false, cache: null };
+  } catch (err) {
+    if (err instanceof ServiceError) return refusal(err);
+    throw err;
+  }
 }
 
 /** One round inside the dispatch lock. */
@@ -100,7 +85,7 @@ async function round(deps: BaseDeps): Promise<Round> {
         } catch (err) {
           if (!(err instanceof MeteringRefusal)) throw err;
           answers.push(null);
-          outcomes.push({ batchId: line.batch_id, line: line.line, refusal: refusal(err.reason, err.message) });
+          outcomes.push({ batchId: line.batch_id, line: line.line, refusal: refusal(err) });
         }
       }
     }
