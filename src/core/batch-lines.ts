@@ -7,12 +7,15 @@ import { bodyModel } from './submission-body.ts';
 import { ERROR_CODES, type ErrorCode } from './errors.ts';
 
 export type LineError = { code: string; message: string; line: number | null; param: string | null };
+/** How Sarsen refused a line, as the synchronous route would have answered its body. */
+export type LineRefusal = { code: string; status: number; message: string };
+/** A line as validation leaves it: waiting with its canonical body and model, or refused already (too large, streaming, no model). */
 export type CheckedLine = {
   line: number;
   customId: string;
   model: string | null;
   body: string | null;
-  refusal: { code: string; status: number; message: string } | null;
+  refusal: LineRefusal | null;
 };
 
 /** Splits a byte stream into lines (LF or CRLF), holding only the unfinished one. */
@@ -41,7 +44,7 @@ export function createLineSplitter(): { feed(chunk: Buffer): Buffer[]; finish():
 }
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
-const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_CODES[code].status, message });
+const refusal = (code: ErrorCode, message: string): LineRefusal => ({ code, status: ERROR_CODES[code].status, message });
 
 /**
  * A request body as a line's: its canonical text and model, or the refusal Sarsen would answer
