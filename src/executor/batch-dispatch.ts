@@ -60,9 +60,9 @@ async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest |
 async function round(deps: BaseDeps): Promise<Round> {
   return withTransaction(deps.pool, async (c) => {
     if (!(await tryDispatchLock(c))) return { moved: false, inFlight: false };
-    const settled = await expireLines(c);
-    const free = deps.settings.current().batch_lines_in_flight - settled.inFlight;
-    if (free <= 0) return { moved: settled.expired > 0, inFlight: true };
+    const flight = await expireLines(c);
+    const free = deps.settings.current().batch_lines_in_flight - flight.inFlight;
+    if (free <= 0) return { moved: flight.expired > 0, inFlight: true };
     const waiting = await pickWaitingLines(c, free);
     const outcomes: LineOutcome[] = [];
     const submitted: { line: WaitingLine; request: NewRequest }[] = [];
@@ -98,7 +98,7 @@ async function round(deps: BaseDeps): Promise<Round> {
     });
     for (const [id, seconds] of paused) await pauseBatch(c, id, seconds);
     await markLines(c, outcomes);
-    return { moved: settled.expired + outcomes.length > 0, inFlight: settled.inFlight > 0 };
+    return { moved: flight.expired + outcomes.length > 0, inFlight: flight.inFlight > 0 };
   });
 }
 
