@@ -18,6 +18,7 @@ import { logger, errorFields } from './log.ts';
 import { createKeyring } from './core/sealing.ts';
 import type { BaseDeps, Deps } from './deps.ts';
 import { apiRouters } from './http/routes.ts';
+import { closeRouting } from './control/resolve-model.ts';
 import { startExecutor, type Executor } from './executor/worker.ts';
 import { startBatchDispatcher } from './executor/batch-dispatch.ts';
 import { createLiveness } from './db/liveness.ts';
@@ -119,6 +120,8 @@ export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
       serve: opts.serve,
       keyring: createKeyring([{ version: 1, secret: opts.secrets.credentialKey }]),
     });
+    // Acceptance and the batch dispatcher share the routing cache; dropped once both have stopped.
+    cleanups.push(() => closeRouting(base));
     const executor: Executor | null = liveness ? await startExecutor(base, conn, { concurrency: opts.serve.executorConcurrency, liveness }) : null;
     if (executor) cleanups.push(() => executor.stop(0));
     // Batch lines reach the queue through the dispatcher of some executor (docs/api.md "Batches").

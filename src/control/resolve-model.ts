@@ -2,8 +2,9 @@
 // the backend it routes to. Each namespace's rules are compiled once and cached in memory;
 // every process drops a namespace's entry when the database says its rules or backends
 // changed (triggers NOTIFY `routing` on the bus), and drops everything after a bus
-// reconnect, because NOTIFY is not replayed.
-import type { Deps } from '../deps.ts';
+// reconnect, because NOTIFY is not replayed. A process has one cache, kept with its bus: the
+// API's acceptance and the executor's batch dispatcher resolve through the same entries.
+import type { BaseDeps } from '../deps.ts';
 import { compileRules, type Rule } from '../core/routing.ts';
 import { loadRouting, type RoutingEntry } from '../db/routing-rules.ts';
 import type { BackendForCall } from '../db/backends.ts';
@@ -21,7 +22,10 @@ type RoutingCache = {
 // Namespaces are many and each entry is small; past this many the oldest entry goes.
 const MAX_NAMESPACES = 10_000;
 
-const caches = new WeakMap<Deps, RoutingCache>();
+// What a cache needs of a process: the database and the bus its invalidations come on.
+type RoutingDeps = Pick<BaseDeps, 'pool' | 'bus'>;
+
+const caches = new WeakMap<BaseDeps['bus'], RoutingCache>();
 
 function toRule(entry: RoutingEntry): Rule {
   const r = entry.rule;
@@ -54,7 +58,7 @@ function compile(entries: RoutingEntry[]): Compiled {
   return { match: compileRules(rules), backends };
 }
 
-function createRoutingCache(deps: Deps): RoutingCache {
+function createRoutingCache(deps: RoutingDeps): RoutingCache {
   const entries = new Map<string, Promise<Compiled>>();
   const drop = (namespaceId: unknown) => {
     if (typeof namespaceId === 'string') entries.delete(namespaceId);
@@ -99,19 +103,19 @@ function createRoutingCache(deps: Deps): RoutingCache {
  * `{ declined }` when the winning rule declines; null when no rule matches. Costs no database
  * round trip while the namespace's entry is cached.
  */
-export function resolveModel(deps: Deps, namespaceId: string, model: string): Promise<Resolution> {
-  let cache = caches.get(deps);
-  if (!cache) caches.set(deps, (cache = createRoutingCache(deps)));
+export function resolveModel(deps: RoutingDeps, namespaceId: string, model: string): Promise<Resolution> {
+  let cache = caches.get(deps.bus);
+  if (!cache) caches.set(deps.bus, (cache = createRoutingCache(deps)));
   return cache.resolve(namespaceId, model);
 }
 
 /** Tells this process's cache at once (other processes hear the trigger's NOTIFY). */
-export function routingChanged(deps: Deps, namespaceId: string): void {
+export function routingChanged(deps: Pick<BaseDeps, 'bus'>, namespaceId: string): void {
   deps.bus.publishLocal({ k: 'routing', namespace_id: namespaceId });
 }
 
-/** Releases the cache's bus subscriptions (at shutdown). */
-export function closeRouting(deps: Deps): void {
-  caches.get(deps)?.close();
-  caches.delete(deps);
+/** Releases the cache's bus subscriptions (at shutdown, once nothing resolves any more). */
+export function closeRouting(deps: Pick<BaseDeps, 'bus'>): void {
+  caches.get(deps.bus)?.close();
+  caches.delete(deps.bus);
 }

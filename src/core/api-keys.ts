@@ -47,6 +47,14 @@ export function hashKeyObject(hashKey: Buffer | string): KeyObject {
 }
 
 /**
+ * A caller-credential's part in the idempotency identity: a keyed hash, so one body under two
+ * credentials is two executions and the stored identity reveals nothing of the credential.
+ */
+export function credentialIdentity(hashKey: Buffer, credential: string): string {
+  return createHmac('sha256', hashKeyObject(hashKey)).update(`sarsen-caller-credential\0${credential}`).digest('hex');
+}
+
+/**
  * HMAC-SHA256 of the secret under the deployment's `api-key-hash-key`, with the prefix
  * bound in so a stored hash cannot be moved to another key row.
  */

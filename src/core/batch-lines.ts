@@ -2,16 +2,20 @@
 // checking one line. A line that breaks the input's format fails the whole batch's validation
 // (the vendor's `errors`, naming the line); a line whose body Sarsen would refuse (too large, a
 // stream, no model) is kept, and ends refused as that line with the code Sarsen would answer.
-import { parseCanonical, stringifyCanonical, isJsonObject, topLevelString, topLevelBoolean, type JsonValue } from './canonical-json.ts';
+import { parseCanonical, stringifyCanonical, isJsonObject, topLevelBoolean, type JsonValue } from './canonical-json.ts';
+import { bodyModel } from './submission-body.ts';
 import { ERROR_CODES, type ErrorCode } from './errors.ts';
 
 export type LineError = { code: string; message: string; line: number | null; param: string | null };
+/** How Sarsen refused a line, as the synchronous route would have answered its body. */
+export type LineRefusal = { code: string; status: number; message: string };
+/** A line as validation leaves it: waiting with its canonical body and model, or refused already (too large, streaming, no model). */
 export type CheckedLine = {
   line: number;
   customId: string;
   model: string | null;
   body: string | null;
-  refusal: { code: string; status: number; message: string } | null;
+  refusal: LineRefusal | null;
 };
 
 /** Splits a byte stream into lines (LF or CRLF), holding only the unfinished one. */
@@ -40,7 +44,7 @@ export function createLineSplitter(): { feed(chunk: Buffer): Buffer[]; finish():
 }
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
-const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_CODES[code].status, message });
+const refusal = (code: ErrorCode, message: string): LineRefusal => ({ code, status: ERROR_CODES[code].status, message });
 
 /**
  * A request body as a line's: its canonical text and model, or the refusal Sarsen would answer
@@ -48,13 +52,12 @@ const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_COD
  */
 export function lineBody(value: JsonValue, line: number, customId: string, maxBytes: number): CheckedLine {
   const body = stringifyCanonical(value);
-  const model = topLevelString(value, 'model') ?? null;
   const refuse = (code: ErrorCode, message: string): CheckedLine => ({ line, customId, model: null, body: null, refusal: refusal(code, message) });
   if (Buffer.byteLength(body) > maxBytes) return refuse('body_too_large', `The line's body is larger than ${maxBytes} bytes, the submission limit.`);
-  if (model === null) return refuse('bad_request', 'The body must name a `model` as a string.');
-  if (model.includes('\u0000')) return refuse('bad_request', 'The `model` must not contain U+0000.');
+  const named = bodyModel(value);
+  if ('refused' in named) return refuse('bad_request', named.refused);
   if (topLevelBoolean(value, 'stream') === true) return refuse('bad_request', 'A batch line cannot stream: its answer is read from the batch\'s results.');
-  return { line, customId, model, body, refusal: null };
+  return { line, customId, model: named.model, body, refusal: null };
 }
 
 /** One line of an OpenAI batch input file, numbered from 1: the line, or why the input is invalid. */

@@ -3,6 +3,11 @@
 // A result line embeds the request's stored answer byte for byte (docs/api.md "Batches": only
 // line breaks a provider put between JSON tokens are dropped, so each result stays one line).
 
+/**
+ * A line's state as read (src/db/batches.ts): its own while it never became a request (waiting,
+ * refused, canceled, expired); once dispatched, its request's: running until the request ends,
+ * then how it ended.
+ */
 export type LineState = 'waiting' | 'running' | 'succeeded' | 'failed' | 'refused' | 'canceled' | 'expired';
 export type Counts = Record<LineState, number>;
 
@@ -26,7 +31,7 @@ export type BatchState = {
   counts: Counts;
 };
 
-/** A line as a result is built from it: its end and, when it ran, its request's stored answer. */
+/** A line as a result is built from it: its end and, when it ran, its request's stored answer (`swept`: retention removed it). */
 export type EndedLine = {
   line: number;
   custom_id: string;
@@ -115,8 +120,25 @@ export function answerJson(answer: Buffer | null): string {
   return /[\r\n]/.test(text) ? text.replace(/[\r\n]/g, '') : text;
 }
 
-/** Whether a line's result belongs in the output file (OpenAI) or is `succeeded` (Anthropic). */
+/** Whether a line's result carries its successful answer (Anthropic's `succeeded`). */
 export const succeeded = (l: EndedLine) => l.state === 'succeeded' && !l.swept && l.answer !== null;
+
+/**
+ * Which of an OpenAI batch's files holds a line: decided by how it ended, so a line stays in its
+ * file when retention sweeps its answer (its result then says `record_expired`), and
+ * `request_counts` always count the files' lines.
+ */
+export const openaiFileOf = (l: EndedLine): 'output' | 'error' => (l.state === 'succeeded' ? 'output' : 'error');
+
+/**
+ * A line's size in its OpenAI file, as written now and as written once retention swept its
+ * answer: recorded when the batch ends, so a file's `bytes` is summed from what its lines hold.
+ */
+export function openaiLineBytes(batchId: string, l: EndedLine): { result: number; swept: number } {
+  const result = Buffer.byteLength(openaiResultLine(batchId, l));
+  if (l.request_id === null || l.swept || l.answer === null) return { result, swept: result };
+  return { result, swept: Buffer.byteLength(openaiResultLine(batchId, { ...l, answer_status: null, answer: null, swept: true })) };
+}
 
 /** The error a line without a provider answer ends with: Sarsen's code and message. */
 function ownError(l: EndedLine): { code: string; message: string; status: number | null } {

@@ -1,10 +1,13 @@
-// The SQL of batches (docs/api.md "Batches"): a batch and its lines, the dispatcher's statements
-// (a bounded number of lines in flight across the deployment, handed to the queue as ordinary
-// requests), cancel, expiry, and the pages results are built from: the lines joined with their
-// requests' stored answers, never a copy of them.
+// The SQL of batches (docs/api.md "Batches"), in a line's order: a batch and its lines as
+// validation writes them; the dispatcher's statements (a bounded number of lines in flight
+// across the deployment, handed to the queue as ordinary requests); the batch's end, its lines'
+// results and its files' sizes; then the views, cancel and delete. A line that became a request
+// keeps no copy of how it went: its state and its result are read from its request, the only
+// record of it (and its stored answer, never copied).
 import type { Pool, PoolClient } from './pool.ts';
 import type { Dialect } from './requests.ts';
-import type { BatchState, Counts, LineState } from '../core/batch-shapes.ts';
+import type { BatchState, Counts, EndedLine, LineState } from '../core/batch-shapes.ts';
+import type { CheckedLine, LineRefusal } from '../core/batch-lines.ts';
 
 type Db = Pick<Pool, 'query'>;
 
@@ -31,14 +34,7 @@ export type NewBatch = {
   metadata: Record<string, string> | null;
 };
 
-/** A line as validation leaves it: waiting with its canonical body, or refused already (too large, streaming). */
-export type NewLine = {
-  line: number;
-  customId: string;
-  model: string | null;
-  body: string | null;
-  refusal: { code: string; status: number; message: string } | null;
-};
+// ---------- upload: a batch and its lines as validation leaves them ----------
 
 export async function insertBatch(c: Db, b: NewBatch, errors: BatchRow['errors'] = null): Promise<void> {
   await c.query(
@@ -49,8 +45,8 @@ export async function insertBatch(c: Db, b: NewBatch, errors: BatchRow['errors']
   );
 }
 
-/** Writes a run of a batch's lines (one statement, one array per column). */
-export async function insertLines(c: Db, batchId: string, lines: readonly NewLine[]): Promise<void> {
+/** Writes a run of a batch's lines (one statement, one array per column): waiting with its body, or refused already. */
+export async function insertLines(c: Db, batchId: string, lines: readonly CheckedLine[]): Promise<void> {
   if (lines.length === 0) return;
   await c.query(
     `INSERT INTO sarsen.batch_lines (batch_id, line, custom_id, state, model, body, error_code, error_status, error_message)
@@ -65,68 +61,34 @@ export async function setBatchTotal(c: Db, batchId: string, total: number): Prom
   await c.query(`UPDATE sarsen.batches SET total = $2 WHERE id = $1`, [batchId, total]);
 }
 
-const BATCH_COLUMNS = `b.id, b.vendor, b.namespace_id, b.api_key_id, b.dialect, b.endpoint, b.input_file_id, b.completion_window, b.metadata, b.errors, b.total,
-  b.created_at, b.expires_at, b.cancelling_at, b.expired_at, b.finalizing_at, b.ended_at, b.output_file_id, b.error_file_id`;
-// The lines' counts by state, from an index of the batch's lines.
-const COUNTS = `(SELECT coalesce(json_object_agg(state, n), '{}') FROM (SELECT state, count(*)::int AS n FROM sarsen.batch_lines WHERE batch_id = b.id GROUP BY state) s) AS counts`;
-
-const withCounts = (row: BatchRow & { counts: Partial<LineCounts> }): BatchView => ({
-  ...row,
-  counts: { waiting: 0, running: 0, succeeded: 0, failed: 0, refused: 0, canceled: 0, expired: 0, ...row.counts },
-});
-
-export async function findBatch(db: Db, namespaceId: string, id: string, vendor: Vendor): Promise<BatchView | null> {
-  const { rows } = await db.query<BatchRow & { counts: Partial<LineCounts> }>(
-    `SELECT ${BATCH_COLUMNS}, ${COUNTS} FROM sarsen.batches b WHERE b.id = $1 AND b.namespace_id = $2 AND b.vendor = $3`,
-    [id, namespaceId, vendor],
+/** Lines of a batch that repeat an earlier line's custom_id (validation names them). */
+export async function duplicateCustomIds(c: Db, batchId: string, limit: number): Promise<{ custom_id: string; line: number; first: number }[]> {
+  const { rows } = await c.query<{ custom_id: string; line: number; first: number }>(
+    `SELECT custom_id, line, first FROM (
+       SELECT custom_id, line, min(line) OVER (PARTITION BY custom_id) AS first FROM sarsen.batch_lines WHERE batch_id = $1
+     ) l WHERE line <> first ORDER BY line LIMIT $2`,
+    [batchId, limit],
   );
-  return rows[0] ? withCounts(rows[0]) : null;
+  return rows;
 }
 
-/** A page of a namespace's batches of one vendor, newest first: after `after` (older), or before `before` (newer). */
-export async function listBatches(
-  db: Db,
-  namespaceId: string | null,
-  vendor: Vendor | null,
-  opts: { after: string | null; before: string | null; limit: number; id?: string },
-): Promise<BatchView[]> {
-  const { rows } = await db.query<BatchRow & { counts: Partial<LineCounts> }>(
-    `SELECT * FROM (
-       SELECT ${BATCH_COLUMNS}, ${COUNTS} FROM sarsen.batches b
-        WHERE ($1::text IS NULL OR b.namespace_id = $1) AND ($2::text IS NULL OR b.vendor = $2)
-          AND ($3::text IS NULL OR b.id < $3) AND ($4::text IS NULL OR b.id > $4) AND ($6::text IS NULL OR b.id = $6)
-        ORDER BY CASE WHEN $4::text IS NULL THEN b.id END DESC, b.id ASC LIMIT $5
-     ) page ORDER BY id DESC`,
-    [namespaceId, vendor, opts.after, opts.before, opts.limit, opts.id ?? null],
-  );
-  return rows.map(withCounts);
-}
+// ---------- a line's state, read from its request ----------
 
-/** Cancel: lines not yet dispatched end `canceled` at once; those in flight end on their own. False: no such batch. */
-export async function cancelBatch(db: Pool, namespaceId: string, id: string, vendor: Vendor): Promise<boolean> {
-  const { rows } = await db.query<{ n: number }>(
-    `WITH b AS (
-       UPDATE sarsen.batches SET cancelling_at = coalesce(cancelling_at, now())
-        WHERE id = $1 AND namespace_id = $2 AND vendor = $3 AND ended_at IS NULL RETURNING id
-     ), lines AS (
-       UPDATE sarsen.batch_lines SET state = 'canceled', body = NULL WHERE batch_id IN (SELECT id FROM b) AND state = 'waiting' RETURNING 1
-     )
-     SELECT (SELECT count(*) FROM b)::int AS n, (SELECT count(*) FROM lines) AS l`,
-    [id, namespaceId, vendor],
-  );
-  return rows[0]!.n === 1;
-}
-
-/** Deletes an ended batch and its lines (Anthropic's DELETE); the requests stay, under their retention. */
-export async function deleteBatch(db: Db, namespaceId: string, id: string): Promise<boolean> {
-  const { rows } = await db.query<{ n: number }>(
-    `WITH b AS (DELETE FROM sarsen.batches WHERE id = $1 AND namespace_id = $2 AND ended_at IS NOT NULL RETURNING id),
-          lines AS (DELETE FROM sarsen.batch_lines WHERE batch_id IN (SELECT id FROM b) RETURNING 1)
-     SELECT (SELECT count(*) FROM b)::int AS n, (SELECT count(*) FROM lines) AS l`,
-    [id, namespaceId],
-  );
-  return rows[0]!.n === 1;
-}
+// A line's own state is `waiting`, `refused`, `canceled` or `expired` until it becomes a request,
+// then `dispatched` for good. As read (`l` a line, `q` its request, LEFT JOINed): a dispatched
+// line is running until its request ends, then ends as it did; one whose request row is gone
+// (past the listing horizon, which outlives any batch) reads as failed.
+const LINE_STATE = `CASE WHEN l.state <> 'dispatched' THEN l.state
+  WHEN q.status IN ('pending', 'running') THEN 'running'
+  WHEN q.status = 'succeeded' THEN 'succeeded' ELSE 'failed' END`;
+// Whether a dispatched line's answer is still stored (retention has not swept it).
+const ANSWER_STORED = `coalesce(NOT q.expired AND EXISTS (SELECT 1 FROM sarsen.responses a WHERE a.request_id = l.request_id), false)`;
+// The lines whose request has not ended: read from the live requests (through their partial
+// indexes: pending, and leased while running), never from every line a batch dispatched.
+const LIVE_LINES = `SELECT l.batch_id FROM (
+    SELECT id FROM sarsen.requests WHERE status = 'pending'
+    UNION ALL SELECT id FROM sarsen.requests WHERE lease_expires_at IS NOT NULL AND status = 'running'
+  ) live JOIN sarsen.batch_lines l ON l.request_id = live.id AND l.state = 'dispatched'`;
 
 // ---------- the dispatcher (src/executor/batch-dispatch.ts) ----------
 
@@ -145,17 +107,12 @@ export async function tryDispatchLock(c: PoolClient): Promise<boolean> {
 }
 
 /**
- * Lines in flight whose request ended take its end; lines of batches past their window that
- * never ran expire. Answers how many lines remain in flight.
+ * Lines of batches past their window that never ran expire. Answers how many did, and how many
+ * lines are in flight (their request has not ended).
  */
-export async function settleLines(c: PoolClient): Promise<{ settled: number; expired: number; inFlight: number }> {
-  const { rows } = await c.query<{ settled: number; expired: number; in_flight: number }>(
-    `WITH settled AS (
-       UPDATE sarsen.batch_lines l SET state = q.status
-         FROM sarsen.requests q
-        WHERE l.state = 'running' AND q.id = l.request_id AND q.status IN ('succeeded', 'failed')
-       RETURNING l.batch_id, l.line
-     ), expired AS (
+export async function expireLines(c: PoolClient): Promise<{ expired: number; inFlight: number }> {
+  const { rows } = await c.query<{ expired: number; in_flight: number }>(
+    `WITH expired AS (
        UPDATE sarsen.batch_lines SET state = 'expired', body = NULL
         WHERE state = 'waiting' AND batch_id IN (SELECT id FROM sarsen.batches WHERE ended_at IS NULL AND expires_at <= now())
        RETURNING batch_id
@@ -163,12 +120,11 @@ export async function settleLines(c: PoolClient): Promise<{ settled: number; exp
        -- Expired: a batch the window ended with lines unrun (one whose every line had started is not).
        UPDATE sarsen.batches SET expired_at = now() WHERE id IN (SELECT batch_id FROM expired) AND expired_at IS NULL RETURNING id
      )
-     SELECT (SELECT count(*) FROM settled)::int AS settled, (SELECT count(*) FROM expired)::int AS expired,
-            ((SELECT count(*) FROM sarsen.batch_lines WHERE state = 'running') - (SELECT count(*) FROM settled))::int AS in_flight,
+     SELECT (SELECT count(*) FROM expired)::int AS expired, (SELECT count(*) FROM (${LIVE_LINES}) f)::int AS in_flight,
             (SELECT count(*) FROM lapsed) AS lapsed`,
   );
   const r = rows[0]!;
-  return { settled: r.settled, expired: r.expired, inFlight: r.in_flight };
+  return { expired: r.expired, inFlight: r.in_flight };
 }
 
 export type WaitingLine = {
@@ -211,7 +167,7 @@ export async function pickWaitingLines(c: PoolClient, n: number): Promise<Waitin
 
 export type LineOutcome =
   | { batchId: string; line: number; requestId: string }
-  | { batchId: string; line: number; refusal: { code: string; status: number; message: string } };
+  | { batchId: string; line: number; refusal: LineRefusal };
 
 /** Lines handed to the queue (their body is now the request's) or refused as Sarsen would have answered. */
 export async function markLines(c: PoolClient, outcomes: readonly LineOutcome[]): Promise<void> {
@@ -219,7 +175,7 @@ export async function markLines(c: PoolClient, outcomes: readonly LineOutcome[])
   const get = <T>(f: (o: LineOutcome) => T) => outcomes.map(f);
   await c.query(
     `UPDATE sarsen.batch_lines l
-        SET state = CASE WHEN o.request_id IS NULL THEN 'refused' ELSE 'running' END, body = NULL,
+        SET state = CASE WHEN o.request_id IS NULL THEN 'refused' ELSE 'dispatched' END, body = NULL,
             request_id = o.request_id, error_code = o.code, error_status = o.status, error_message = o.message
        FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::text[]) AS o(batch_id, line, request_id, code, status, message)
       WHERE l.batch_id = o.batch_id AND l.line = o.line`,
@@ -233,89 +189,6 @@ export async function pauseBatch(c: PoolClient, batchId: string, seconds: number
   await c.query(`UPDATE sarsen.batches SET paused_until = now() + make_interval(secs => $2) WHERE id = $1`, [batchId, seconds]);
 }
 
-/** Batches whose every line ended: marked finalizing (once); answers every batch now finalizing. */
-export async function finalizingBatches(c: Db): Promise<{ id: string; vendor: Vendor; tenancy_id: string; namespace_id: string }[]> {
-  const { rows } = await c.query<{ id: string; vendor: Vendor; tenancy_id: string; namespace_id: string }>(
-    `WITH done AS (
-       UPDATE sarsen.batches b SET finalizing_at = now()
-        WHERE b.ended_at IS NULL AND b.finalizing_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM sarsen.batch_lines l WHERE l.batch_id = b.id AND l.state IN ('waiting', 'running'))
-       RETURNING id
-     )
-     SELECT id, vendor, tenancy_id, namespace_id FROM sarsen.batches WHERE ended_at IS NULL AND (finalizing_at IS NOT NULL OR id IN (SELECT id FROM done))`,
-  );
-  return rows;
-}
-
-/** Ends a finalizing batch; its output and error files (OpenAI) get rows, their content is read from the answers. */
-export async function endBatch(
-  db: Pool,
-  b: { id: string; tenancyId: string; namespaceId: string },
-  files: { output: { id: string; bytes: number } | null; error: { id: string; bytes: number } | null },
-): Promise<void> {
-  await db.query(
-    `WITH ended AS (
-       UPDATE sarsen.batches SET ended_at = now(), output_file_id = $4, error_file_id = $6 WHERE id = $1 AND ended_at IS NULL RETURNING id
-     )
-     INSERT INTO sarsen.files (id, tenancy_id, namespace_id, purpose, filename, bytes, batch_id, kind)
-     SELECT f.id, $2, $3, 'batch_output', f.name, f.bytes, $1, f.kind
-       FROM (VALUES ($4::text, $5::bigint, 'output', 'batch_' || $1 || '_output.jsonl'), ($6::text, $7::bigint, 'error', 'batch_' || $1 || '_error.jsonl')) AS f(id, bytes, kind, name)
-      WHERE f.id IS NOT NULL AND EXISTS (SELECT 1 FROM ended)`,
-    [b.id, b.tenancyId, b.namespaceId, files.output?.id ?? null, files.output?.bytes ?? 0, files.error?.id ?? null, files.error?.bytes ?? 0],
-  );
-}
-
-export type ResultLine = {
-  line: number;
-  custom_id: string;
-  state: LineState;
-  request_id: string | null;
-  error_code: string | null;
-  error_status: number | null;
-  error_message: string | null;
-  /** The request's stored answer: its HTTP status and body, byte for byte; null when swept. */
-  answer_status: number | null;
-  answer: Buffer | null;
-  swept: boolean;
-};
-
-/** A page of a batch's ended lines in line order, each with its request's stored answer. */
-export async function resultPage(db: Db, batchId: string, afterLine: number, limit: number): Promise<ResultLine[]> {
-  const { rows } = await db.query<ResultLine>(
-    `SELECT l.line, l.custom_id, l.state, l.request_id, l.error_code, l.error_status, l.error_message,
-            r.status AS answer_status, r.body AS answer, coalesce(q.expired, false) AS swept
-       FROM sarsen.batch_lines l
-       LEFT JOIN sarsen.requests q ON q.id = l.request_id
-       LEFT JOIN sarsen.responses r ON r.request_id = l.request_id
-      WHERE l.batch_id = $1 AND l.line > $2 AND l.state NOT IN ('waiting', 'running')
-      ORDER BY l.line LIMIT $3`,
-    [batchId, afterLine, limit],
-  );
-  return rows;
-}
-
-/** Lines of a batch that repeat an earlier line's custom_id (validation names them). */
-export async function duplicateCustomIds(c: Db, batchId: string, limit: number): Promise<{ custom_id: string; line: number; first: number }[]> {
-  const { rows } = await c.query<{ custom_id: string; line: number; first: number }>(
-    `SELECT custom_id, line, first FROM (
-       SELECT custom_id, line, min(line) OVER (PARTITION BY custom_id) AS first FROM sarsen.batch_lines WHERE batch_id = $1
-     ) l WHERE line <> first ORDER BY line LIMIT $2`,
-    [batchId, limit],
-  );
-  return rows;
-}
-
-export type LineRow = { line: number; custom_id: string; state: LineState; request_id: string | null; error_code: string | null; error_status: number | null };
-
-/** A page of a batch's lines in order, without bodies (the console). */
-export async function listLines(db: Db, batchId: string, afterLine: number, limit: number): Promise<LineRow[]> {
-  const { rows } = await db.query<LineRow>(
-    `SELECT line, custom_id, state, request_id, error_code, error_status FROM sarsen.batch_lines WHERE batch_id = $1 AND line > $2 ORDER BY line LIMIT $3`,
-    [batchId, afterLine, limit],
-  );
-  return rows;
-}
-
 /** Runs `fn` under a savepoint of the caller's transaction: a throw undoes only what `fn` wrote. */
 export async function withSavepoint<T>(c: PoolClient, fn: () => Promise<T>): Promise<T> {
   await c.query('SAVEPOINT batch_line');
@@ -327,4 +200,165 @@ export async function withSavepoint<T>(c: PoolClient, fn: () => Promise<T>): Pro
     await c.query('ROLLBACK TO SAVEPOINT batch_line');
     throw err;
   }
+}
+
+// ---------- the end: results and files ----------
+
+/** Batches whose every line ended: marked finalizing (once); answers every batch now finalizing. */
+export async function finalizingBatches(c: Db): Promise<{ id: string; vendor: Vendor; tenancy_id: string; namespace_id: string }[]> {
+  const { rows } = await c.query<{ id: string; vendor: Vendor; tenancy_id: string; namespace_id: string }>(
+    `WITH live AS (${LIVE_LINES}), done AS (
+       UPDATE sarsen.batches b SET finalizing_at = now()
+        WHERE b.ended_at IS NULL AND b.finalizing_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM sarsen.batch_lines l WHERE l.batch_id = b.id AND l.state = 'waiting')
+          AND b.id NOT IN (SELECT batch_id FROM live)
+       RETURNING id
+     )
+     SELECT id, vendor, tenancy_id, namespace_id FROM sarsen.batches WHERE ended_at IS NULL AND (finalizing_at IS NOT NULL OR id IN (SELECT id FROM done))`,
+  );
+  return rows;
+}
+
+/** A page of a batch's ended lines in line order, each with its request's stored answer. */
+export async function resultPage(db: Db, batchId: string, afterLine: number, limit: number): Promise<EndedLine[]> {
+  const { rows } = await db.query<EndedLine>(
+    `SELECT * FROM (
+       SELECT l.line, l.custom_id, ${LINE_STATE} AS state, l.request_id, l.error_code, l.error_status, l.error_message,
+              r.status AS answer_status, r.body AS answer, (l.request_id IS NOT NULL AND NOT ${ANSWER_STORED}) AS swept
+         FROM sarsen.batch_lines l
+         LEFT JOIN sarsen.requests q ON q.id = l.request_id
+         LEFT JOIN sarsen.responses r ON r.request_id = l.request_id
+        WHERE l.batch_id = $1 AND l.line > $2 AND l.state <> 'waiting'
+     ) l WHERE state <> 'running' ORDER BY line LIMIT $3`,
+    [batchId, afterLine, limit],
+  );
+  return rows;
+}
+
+/** Every ended line of a batch, a page at a time (what its results and files are built from). */
+export async function* resultPages(db: Db, batchId: string, pageSize = 500): AsyncGenerator<EndedLine[]> {
+  for (let after = 0; ; ) {
+    const page = await resultPage(db, batchId, after, pageSize);
+    if (page.length > 0) yield page;
+    if (page.length < pageSize) return;
+    after = page.at(-1)!.line;
+  }
+}
+
+/** Records a page of lines' sizes in their OpenAI file, as written now and once swept (src/core/batch-shapes.ts openaiLineBytes). */
+export async function setLineBytes(c: Db, batchId: string, sizes: readonly { line: number; result: number; swept: number }[]): Promise<void> {
+  if (sizes.length === 0) return;
+  await c.query(
+    `UPDATE sarsen.batch_lines l SET result_bytes = s.result, swept_bytes = s.swept
+       FROM unnest($2::int[], $3::int[], $4::int[]) AS s(line, result, swept)
+      WHERE l.batch_id = $1 AND l.line = s.line`,
+    [batchId, sizes.map((s) => s.line), sizes.map((s) => s.result), sizes.map((s) => s.swept)],
+  );
+}
+
+/** Ends a finalizing batch; its output and error files (OpenAI) get rows, their content and size are read from its lines. */
+export async function endBatch(
+  db: Pool,
+  b: { id: string; tenancyId: string; namespaceId: string },
+  files: { output: string | null; error: string | null },
+): Promise<void> {
+  await db.query(
+    `WITH ended AS (
+       UPDATE sarsen.batches SET ended_at = now(), output_file_id = $4, error_file_id = $5 WHERE id = $1 AND ended_at IS NULL RETURNING id
+     )
+     INSERT INTO sarsen.files (id, tenancy_id, namespace_id, purpose, filename, bytes, batch_id, kind)
+     SELECT f.id, $2, $3, 'batch_output', f.name, NULL, $1, f.kind
+       FROM (VALUES ($4::text, 'output', 'batch_' || $1 || '_output.jsonl'), ($5::text, 'error', 'batch_' || $1 || '_error.jsonl')) AS f(id, kind, name)
+      WHERE f.id IS NOT NULL AND EXISTS (SELECT 1 FROM ended)`,
+    [b.id, b.tenancyId, b.namespaceId, files.output, files.error],
+  );
+}
+
+/**
+ * SQL: the bytes of the batch output or error file `f` (a row of sarsen.files) as it is now, the
+ * sum of its lines' recorded sizes, each as written with its answer or, once swept, without.
+ */
+export const batchFileBytesSql = (f: string) => `(
+  SELECT coalesce(sum(CASE WHEN l.request_id IS NOT NULL AND NOT ${ANSWER_STORED} THEN l.swept_bytes ELSE l.result_bytes END), 0)
+    FROM sarsen.batch_lines l LEFT JOIN sarsen.requests q ON q.id = l.request_id
+   WHERE l.batch_id = ${f}.batch_id AND l.state <> 'waiting' AND (${LINE_STATE} = 'succeeded') = (${f}.kind = 'output'))`;
+
+// ---------- views, cancel and delete ----------
+
+const BATCH_COLUMNS = `b.id, b.vendor, b.namespace_id, b.api_key_id, b.dialect, b.endpoint, b.input_file_id, b.completion_window, b.metadata, b.errors, b.total,
+  b.created_at, b.expires_at, b.cancelling_at, b.expired_at, b.finalizing_at, b.ended_at, b.output_file_id, b.error_file_id`;
+// The lines' counts by state as read.
+const COUNTS = `(SELECT coalesce(json_object_agg(state, n), '{}') FROM (
+    SELECT ${LINE_STATE} AS state, count(*)::int AS n FROM sarsen.batch_lines l LEFT JOIN sarsen.requests q ON q.id = l.request_id
+     WHERE l.batch_id = b.id GROUP BY 1) s) AS counts`;
+
+const withCounts = (row: BatchRow & { counts: Partial<LineCounts> }): BatchView => ({
+  ...row,
+  counts: { waiting: 0, running: 0, succeeded: 0, failed: 0, refused: 0, canceled: 0, expired: 0, ...row.counts },
+});
+
+export async function findBatch(db: Db, namespaceId: string, id: string, vendor: Vendor): Promise<BatchView | null> {
+  const { rows } = await db.query<BatchRow & { counts: Partial<LineCounts> }>(
+    `SELECT ${BATCH_COLUMNS}, ${COUNTS} FROM sarsen.batches b WHERE b.id = $1 AND b.namespace_id = $2 AND b.vendor = $3`,
+    [id, namespaceId, vendor],
+  );
+  return rows[0] ? withCounts(rows[0]) : null;
+}
+
+/** A page of a namespace's batches of one vendor, newest first: after `after` (older), or before `before` (newer). */
+export async function listBatches(
+  db: Db,
+  namespaceId: string | null,
+  vendor: Vendor | null,
+  opts: { after: string | null; before: string | null; limit: number; id?: string },
+): Promise<BatchView[]> {
+  const { rows } = await db.query<BatchRow & { counts: Partial<LineCounts> }>(
+    `SELECT * FROM (
+       SELECT ${BATCH_COLUMNS}, ${COUNTS} FROM sarsen.batches b
+        WHERE ($1::text IS NULL OR b.namespace_id = $1) AND ($2::text IS NULL OR b.vendor = $2)
+          AND ($3::text IS NULL OR b.id < $3) AND ($4::text IS NULL OR b.id > $4) AND ($6::text IS NULL OR b.id = $6)
+        ORDER BY CASE WHEN $4::text IS NULL THEN b.id END DESC, b.id ASC LIMIT $5
+     ) page ORDER BY id DESC`,
+    [namespaceId, vendor, opts.after, opts.before, opts.limit, opts.id ?? null],
+  );
+  return rows.map(withCounts);
+}
+
+export type LineRow = Pick<EndedLine, 'line' | 'custom_id' | 'state' | 'request_id' | 'error_code' | 'error_status'>;
+
+/** A page of a batch's lines in order, without bodies (the console). */
+export async function listLines(db: Db, batchId: string, afterLine: number, limit: number): Promise<LineRow[]> {
+  const { rows } = await db.query<LineRow>(
+    `SELECT l.line, l.custom_id, ${LINE_STATE} AS state, l.request_id, l.error_code, l.error_status
+       FROM sarsen.batch_lines l LEFT JOIN sarsen.requests q ON q.id = l.request_id
+      WHERE l.batch_id = $1 AND l.line > $2 ORDER BY l.line LIMIT $3`,
+    [batchId, afterLine, limit],
+  );
+  return rows;
+}
+
+/** Cancel: lines not yet dispatched end `canceled` at once; those in flight end on their own. False: no such batch. */
+export async function cancelBatch(db: Pool, namespaceId: string, id: string, vendor: Vendor): Promise<boolean> {
+  const { rows } = await db.query<{ n: number }>(
+    `WITH b AS (
+       UPDATE sarsen.batches SET cancelling_at = coalesce(cancelling_at, now())
+        WHERE id = $1 AND namespace_id = $2 AND vendor = $3 AND ended_at IS NULL RETURNING id
+     ), lines AS (
+       UPDATE sarsen.batch_lines SET state = 'canceled', body = NULL WHERE batch_id IN (SELECT id FROM b) AND state = 'waiting' RETURNING 1
+     )
+     SELECT (SELECT count(*) FROM b)::int AS n, (SELECT count(*) FROM lines) AS l`,
+    [id, namespaceId, vendor],
+  );
+  return rows[0]!.n === 1;
+}
+
+/** Deletes an ended batch and its lines (Anthropic's DELETE); the requests stay, under their retention. */
+export async function deleteBatch(db: Db, namespaceId: string, id: string): Promise<boolean> {
+  const { rows } = await db.query<{ n: number }>(
+    `WITH b AS (DELETE FROM sarsen.batches WHERE id = $1 AND namespace_id = $2 AND ended_at IS NOT NULL RETURNING id),
+          lines AS (DELETE FROM sarsen.batch_lines WHERE batch_id IN (SELECT id FROM b) RETURNING 1)
+     SELECT (SELECT count(*) FROM b)::int AS n, (SELECT count(*) FROM lines) AS l`,
+    [id, namespaceId],
+  );
+  return rows[0]!.n === 1;
 }

@@ -1,8 +1,9 @@
 // The SQL of files (docs/api.md "Batches"): an upload's bytes as sent, in pieces of up to
 // 1 MiB written as they arrive, so memory never holds a whole file; the rows of a batch's output
-// and error files, whose content is built from stored answers when read.
+// and error files, whose content and size are built from its lines when read.
 import type { Pool, PoolClient } from './pool.ts';
 import { prepared } from './pool.ts';
+import { batchFileBytesSql } from './batches.ts';
 
 type Db = Pick<Pool, 'query'>;
 
@@ -17,7 +18,9 @@ export type FileRow = {
   created_at: Date;
 };
 
-const COLUMNS = `id, namespace_id, purpose, filename, bytes::float8 AS bytes, batch_id, kind, created_at`;
+// A batch's output or error file is sized from its lines when read (its stored bytes are null);
+// files of batches that ended before migration 031 keep the bytes recorded then.
+const COLUMNS = `f.id, f.namespace_id, f.purpose, f.filename, coalesce(f.bytes, ${batchFileBytesSql('f')})::float8 AS bytes, f.batch_id, f.kind, f.created_at`;
 
 /** An upload in progress, inside the caller's transaction: pieces in order, then the total. */
 export async function startFile(c: PoolClient, f: { id: string; tenancyId: string; namespaceId: string; filename: string }): Promise<void> {
@@ -41,7 +44,7 @@ export async function readFilePiece(db: Db, fileId: string, seq: number): Promis
 }
 
 export async function findFile(db: Db, namespaceId: string, id: string): Promise<FileRow | null> {
-  const { rows } = await db.query<FileRow>(`SELECT ${COLUMNS} FROM sarsen.files WHERE id = $1 AND namespace_id = $2`, [id, namespaceId]);
+  const { rows } = await db.query<FileRow>(`SELECT ${COLUMNS} FROM sarsen.files f WHERE f.id = $1 AND f.namespace_id = $2`, [id, namespaceId]);
   return rows[0] ?? null;
 }
 
@@ -53,9 +56,9 @@ export async function listFiles(
 ): Promise<FileRow[]> {
   const cmp = opts.order === 'asc' ? '>' : '<';
   const { rows } = await db.query<FileRow>(
-    `SELECT ${COLUMNS} FROM sarsen.files
-      WHERE namespace_id = $1 AND ($2::text IS NULL OR id ${cmp} $2) AND ($3::text IS NULL OR purpose = $3)
-      ORDER BY id ${opts.order} LIMIT $4`,
+    `SELECT ${COLUMNS} FROM sarsen.files f
+      WHERE f.namespace_id = $1 AND ($2::text IS NULL OR f.id ${cmp} $2) AND ($3::text IS NULL OR f.purpose = $3)
+      ORDER BY f.id ${opts.order} LIMIT $4`,
     [namespaceId, opts.after, opts.purpose, opts.limit],
   );
   return rows;

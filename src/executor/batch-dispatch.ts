@@ -1,25 +1,23 @@
 // The batch dispatcher (docs/api.md "Batches"; docs/durability.md "Batches"). Every executor
 // process runs this loop; one at a time does the work (a transaction-scoped advisory lock). Each
-// round, in one transaction: lines whose request ended take its end, lines past their batch's
-// window expire, and waiting lines are handed to the queue as ordinary requests (the submission
-// statement: identity, ledger, counters, rate limits, job) until `batch_lines_in_flight` lines
-// are in flight across the deployment, so the executors' other slots stay with interactive
-// traffic. A key over its rate limit pauses its batch for the Retry-After the statement gave.
-// A line a rule refuses ends as that line, with the code Sarsen would have answered. A batch
-// whose every line ended is finalized: its output and error files are sized from the answers.
-import type { BaseDeps, Deps } from '../deps.ts';
+// round, in one transaction: lines past their batch's window expire, and waiting lines are
+// handed to the queue as ordinary requests (the submission statement: identity, ledger,
+// counters, rate limits, job) until `batch_lines_in_flight` lines are in flight across the
+// deployment (lines whose request has not ended), so the executors' other slots stay with
+// interactive traffic. A key over its rate limit pauses its batch for the Retry-After the
+// statement gave. A line a rule refuses ends as that line, with the code Sarsen would have
+// answered. A batch whose every line ended is finalized: its files are sized from its lines.
+import type { BaseDeps } from '../deps.ts';
 import { withTransaction, connectionFailed } from '../db/pool.ts';
 import {
-  anyActiveBatch, tryDispatchLock, settleLines, pickWaitingLines, markLines, pauseBatch, finalizingBatches, endBatch, resultPage, withSavepoint,
+  anyActiveBatch, tryDispatchLock, expireLines, pickWaitingLines, markLines, pauseBatch, finalizingBatches, endBatch, resultPages, setLineBytes, withSavepoint,
   type WaitingLine, type LineOutcome, type Vendor,
 } from '../db/batches.ts';
 import { submitBatch, submitMeteredIn, isRefused, MeteringRefusal, type NewRequest } from '../db/submissions.ts';
-import { resolveModel } from '../control/resolve-model.ts';
-import { servesDialect } from '../core/dialects.ts';
-import { identityHash, parseCanonical, withTopLevelField, jsonString } from '../core/canonical-json.ts';
-import { newId } from '../core/ids.ts';
-import { ERROR_CODES, type ErrorCode } from '../core/errors.ts';
-import { openaiResultLine, succeeded } from '../core/batch-shapes.ts';
+import { routedRequest } from '../control/routed-request.ts';
+import { ERROR_CODES, ServiceError } from '../core/errors.ts';
+import { openaiFileOf, openaiLineBytes } from '../core/batch-shapes.ts';
+import type { LineRefusal } from '../core/batch-lines.ts';
 import { startLoop, type Loop } from './loop.ts';
 
 // How soon the next round runs: soon after lines moved; while lines are in flight and none
@@ -30,55 +28,41 @@ const IDLE_MS = 250;
 
 /** What a round saw. */
 type Round = { moved: boolean; inFlight: boolean };
-const PAGE = 500;
 
-const refusal = (code: ErrorCode, message: string) => ({ code, status: ERROR_CODES[code].status, message });
+const refusal = (err: ServiceError | MeteringRefusal): LineRefusal =>
+  err instanceof ServiceError ? { code: err.code, status: err.status, message: err.message } : { code: err.reason, status: ERROR_CODES[err.reason].status, message: err.message };
 
-/** A waiting line as the request it becomes, or the refusal Sarsen would have answered its body with. */
-async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest | { code: string; status: number; message: string }> {
+/**
+ * A waiting line as the request it becomes, through the one path a submission route takes too
+ * (control/routed-request.ts), or the refusal Sarsen would have answered its body with.
+ */
+async function lineRequest(deps: BaseDeps, l: WaitingLine): Promise<NewRequest | LineRefusal> {
   // A line runs with its batch's key: once that key is revoked, its remaining lines are refused as its calls would be.
-  if (l.key_revoked) return refusal('unauthorised', 'The batch\'s API key was revoked before this line ran.');
-  const resolution = await resolveModel(deps as Deps, l.namespace_id, l.model);
-  if (resolution === null) return refusal('not_found', `No routing rule matches model ${JSON.stringify(l.model)} in this namespace.`);
-  if ('declined' in resolution) return refusal('forbidden', `Routing rule ${resolution.declined.rule_id} (${resolution.declined.model}) declines model ${JSON.stringify(l.model)}.`);
-  const { rule, backend } = resolution;
-  if (!servesDialect(backend.dialect, l.dialect)) {
-    return refusal('unprocessable_entity', `Model ${JSON.stringify(l.model)} routes to a ${backend.dialect}-dialect backend; this batch speaks ${l.dialect}. Sarsen does not translate between dialects.`);
-  }
-  if (backend.credential_source === 'caller') return refusal('passthrough_disabled', 'This model routes to a caller-credential backend, which takes synchronous submissions only.');
-  const upstreamModel = rule.rewrite_model ?? l.model;
-  const body = upstreamModel === l.model ? l.body : withTopLevelField(parseCanonical(l.body).value, 'model', jsonString(upstreamModel));
+  if (l.key_revoked) return refusal(new ServiceError('unauthorised', 'The batch\'s API key was revoked before this line ran.'));
   const limited = l.requests_per_minute !== null || l.tokens_per_minute !== null;
-  return {
-    id: newId('req'),
-    tenancyId: l.tenancy_id,
-    namespaceId: l.namespace_id,
-    apiKeyId: l.api_key_id,
-    backendId: backend.backend_id,
-    fallbackBackendIds: rule.fallback_backend_ids,
-    dialect: l.dialect,
-    streaming: false,
-    model: l.model,
-    upstreamModel,
-    forwardedHeaders: [],
-    hops: 0,
-    body,
-    identity: Buffer.from(identityHash({ dialect: l.dialect, canonicalText: l.body }), 'hex'),
-    sealedCredential: null,
-    owner: null,
-    limits: limited ? { requestsPerMinute: l.requests_per_minute, tokensPerMinute: l.tokens_per_minute } : null,
-    precounted: false,
-    cache: null,
-  };
+  try {
+    const { backend: _, ...routed } = await routedRequest(
+      deps,
+      {
+        tenancyId: l.tenancy_id, namespaceId: l.namespace_id, apiKeyId: l.api_key_id, dialect: l.dialect, model: l.model, text: l.body, value: null, streaming: false,
+        limits: limited ? { requestsPerMinute: l.requests_per_minute, tokensPerMinute: l.tokens_per_minute } : null,
+      },
+      { namespace: 'this namespace', speaker: 'this batch', synchronous: false, credential: null },
+    );
+    return { ...routed, forwardedHeaders: [], hops: 0, owner: null, precounted: false, cache: null };
+  } catch (err) {
+    if (err instanceof ServiceError) return refusal(err);
+    throw err;
+  }
 }
 
 /** One round inside the dispatch lock. */
 async function round(deps: BaseDeps): Promise<Round> {
   return withTransaction(deps.pool, async (c) => {
     if (!(await tryDispatchLock(c))) return { moved: false, inFlight: false };
-    const settled = await settleLines(c);
-    const free = deps.settings.current().batch_lines_in_flight - settled.inFlight;
-    if (free <= 0) return { moved: settled.settled + settled.expired > 0, inFlight: true };
+    const flight = await expireLines(c);
+    const free = deps.settings.current().batch_lines_in_flight - flight.inFlight;
+    if (free <= 0) return { moved: flight.expired > 0, inFlight: true };
     const waiting = await pickWaitingLines(c, free);
     const outcomes: LineOutcome[] = [];
     const submitted: { line: WaitingLine; request: NewRequest }[] = [];
@@ -100,7 +84,7 @@ async function round(deps: BaseDeps): Promise<Round> {
         } catch (err) {
           if (!(err instanceof MeteringRefusal)) throw err;
           answers.push(null);
-          outcomes.push({ batchId: line.batch_id, line: line.line, refusal: refusal(err.reason, err.message) });
+          outcomes.push({ batchId: line.batch_id, line: line.line, refusal: refusal(err) });
         }
       }
     }
@@ -114,32 +98,27 @@ async function round(deps: BaseDeps): Promise<Round> {
     });
     for (const [id, seconds] of paused) await pauseBatch(c, id, seconds);
     await markLines(c, outcomes);
-    return { moved: settled.settled + settled.expired + outcomes.length > 0, inFlight: settled.inFlight > 0 };
+    return { moved: flight.expired + outcomes.length > 0, inFlight: flight.inFlight > 0 };
   });
 }
 
-/** Sizes a finalizing batch's output and error files from its lines' answers, and ends it. */
+/**
+ * Ends a finalizing batch. An OpenAI batch's output and error files are its lines, each in the
+ * file its end put it in (src/core/batch-shapes.ts): each line's size there is recorded, as
+ * written now and as written once retention sweeps its answer, so a file's `bytes` is what it holds.
+ */
 async function finalize(deps: BaseDeps, b: { id: string; vendor: Vendor; tenancy_id: string; namespace_id: string }): Promise<void> {
-  let output = 0;
-  let errors = 0;
-  let outputBytes = 0;
-  let errorBytes = 0;
+  const has = { output: false, error: false };
   if (b.vendor === 'openai') {
-    for (let after = 0; ; ) {
-      const page = await resultPage(deps.pool, b.id, after, PAGE);
-      for (const l of page) {
-        const bytes = Buffer.byteLength(openaiResultLine(b.id, l));
-        if (succeeded(l)) (output++, (outputBytes += bytes));
-        else (errors++, (errorBytes += bytes));
-      }
-      if (page.length < PAGE) break;
-      after = page.at(-1)!.line;
+    for await (const page of resultPages(deps.pool, b.id)) {
+      for (const l of page) has[openaiFileOf(l)] = true;
+      await setLineBytes(deps.pool, b.id, page.map((l) => ({ line: l.line, ...openaiLineBytes(b.id, l) })));
     }
   }
   const fileId = (kind: string) => `file-${b.id.replace(/^batch_/, '')}${kind}`;
   await endBatch(deps.pool, { id: b.id, tenancyId: b.tenancy_id, namespaceId: b.namespace_id }, {
-    output: output > 0 ? { id: fileId('OUT'), bytes: outputBytes } : null,
-    error: errors > 0 ? { id: fileId('ERR'), bytes: errorBytes } : null,
+    output: has.output ? fileId('OUT') : null,
+    error: has.error ? fileId('ERR') : null,
   });
 }
 

@@ -9,17 +9,16 @@ import { adminRouter } from './admin/index.ts';
 import { serviceRouter } from './service/routes.ts';
 import { consoleRouter } from './console/index.ts';
 import { closeServiceAuth } from './service-auth.ts';
-import { closeRouting } from '../control/resolve-model.ts';
 
 export type ApiRouters = { routers: Router[]; close(): Promise<void> };
 
 export function apiRouters(deps: Deps): ApiRouters {
   return {
     routers: [serviceRouter(deps), adminRouter(deps), consoleRouter()],
-    // After the listener has drained: write pending API key last-used times, drop caches.
+    // After the listener has drained: write pending API key last-used times, drop the key cache
+    // (the routing cache is the process's: server.ts drops it).
     close: async () => {
       await closeServiceAuth(deps);
-      closeRouting(deps);
     },
   };
 }

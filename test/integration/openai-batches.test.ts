@@ -242,6 +242,44 @@ describe('OpenAI batches', function () {
     expect((await client(r).files.list()).data).to.deep.equal([]);
     expect((await storage()).file_bytes).to.equal(0);
   });
+  it('after retention sweeps the lines\' answers, each stays in its file as record_expired, and the files\' bytes and the counts still describe the files', async () => {
+    const r = await provision(server, provider, { namespace: 'answers-swept' });
+    const m = marker();
+    provider.rule((e) => (contentOf(e) === `${m}-refuse` ? { kind: 'refuse', status: 400, body: `{"error":{"message":"no ${m}","code":"refused"}}` } : undefined));
+    const input = [chatLine('good', `${m}-good`), chatLine('refuse', `${m}-refuse`), chatLine('unrouted', m, { model: 'no-such-model' })].join('\n');
+    const created = await client(r).batches.create({ input_file_id: (await upload(input, r)).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    const done = await until(async () => {
+      const b = await client(r).batches.retrieve(created.id);
+      return b.status === 'completed' ? b : undefined;
+    }, 60_000);
+    const files = async () => {
+      const out: Record<'output' | 'error', { text: string; bytes: number }> = {} as never;
+      for (const [kind, id] of [['output', done.output_file_id!], ['error', done.error_file_id!]] as const) {
+        out[kind] = { text: await content(id, r), bytes: (await client(r).files.retrieve(id)).bytes };
+      }
+      return out;
+    };
+    const before = await files();
+    expect(done.request_counts).to.deep.equal({ total: 3, completed: 1, failed: 2 });
+    expect(lines(before.output.text).map((l) => l.custom_id)).to.deep.equal(['good']);
+    expect(lines(before.error.text).map((l) => l.custom_id)).to.deep.equal(['refuse', 'unrouted']);
+    for (const f of Object.values(before)) expect(f.bytes).to.equal(Buffer.byteLength(f.text));
+
+    // The answers pass the namespace's retention; the batch itself does not.
+    expect((await call(server.url, 'PATCH', `/${r.tenancy}/v1/namespaces/${r.namespace}`, { token: r.adminToken, body: { retention_minutes: 60 } })).status).to.equal(200);
+    await server.pool.query(`UPDATE sarsen.requests SET finished_at = now() - interval '2 hours' WHERE namespace_id = $1`, [r.namespaceId]);
+    expect((await runRetentionSweep(server)).records).to.be.at.least(2);
+
+    const after = await files();
+    const batch = await client(r).batches.retrieve(created.id);
+    expect(batch.request_counts).to.deep.equal({ total: 3, completed: 1, failed: 2 });
+    const [good] = lines(after.output.text);
+    expect(good).to.deep.include({ custom_id: 'good', error: { code: 'record_expired', message: 'The line ran, but its stored answer was removed by retention.' } });
+    expect(good!.response!.status_code).to.equal(410);
+    expect(lines(after.error.text).map((l) => [l.custom_id, l.error?.code])).to.deep.equal([['refuse', 'record_expired'], ['unrouted', 'not_found']]);
+    for (const f of Object.values(after)) expect(f.bytes).to.equal(Buffer.byteLength(f.text));
+    expect(after.output.bytes).to.be.below(before.output.bytes);
+  });
   it('with metering on, a line the tenancy has no credit for fails as that line, 402 insufficient_credits', async () => {
     await setSetting(server.pool, 'metering_enabled', 'true');
     await server.settings.refresh();
@@ -280,10 +318,11 @@ describe('OpenAI batches', function () {
     const m = marker();
     const input = Array.from({ length: 4 }, (_, i) => chatLine(`r${i}`, `${m}-${i}`)).join('\n');
     const created = await client(limited).batches.create({ input_file_id: (await upload(input, limited)).id, endpoint: '/v1/chat/completions', completion_window: '24h' });
-    // Two lines fit the key's minute; the others wait, none fails.
+    // Two lines fit the key's minute; the others wait, none fails. (The counts are read from the
+    // requests, so the two can complete before the dispatcher's next round meets the limit.)
     await until(async () => ((await client(limited).batches.retrieve(created.id)).request_counts!.completed === 2 ? true : undefined));
-    const paused = await server.pool.query(`SELECT paused_until > now() AS paused FROM sarsen.batches WHERE id = $1`, [created.id]);
-    expect(paused.rows[0].paused).to.equal(true);
+    const paused = async () => (await server.pool.query(`SELECT paused_until > now() AS paused FROM sarsen.batches WHERE id = $1`, [created.id])).rows[0].paused as boolean | null;
+    await until(async () => ((await paused()) === true ? true : undefined));
     const now = await client(limited).batches.retrieve(created.id);
     expect(now.status).to.equal('in_progress');
     expect(now.request_counts).to.deep.equal({ total: 4, completed: 2, failed: 0 });

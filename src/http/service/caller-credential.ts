@@ -1,8 +1,8 @@
 // Caller-credential backends (docs/api.md "Authentication", behind --credential-passthrough):
-// the provider credential each call brings, and what of it may be kept.
-import crypto from 'node:crypto';
+// the provider credential each call brings (what of it may be kept, its keyed hash in the
+// idempotency identity: src/core/api-keys.ts credentialIdentity).
 import type { IncomingHttpHeaders } from 'node:http';
-import { looksLikeSarsenKey, hashKeyObject } from '../../core/api-keys.ts';
+import { looksLikeSarsenKey } from '../../core/api-keys.ts';
 
 /**
  * The provider credential a call brought: `x-api-key`, else the `Authorization` bearer value
@@ -16,12 +16,4 @@ export function callerCredential(headers: IncomingHttpHeaders): string | null {
   const m = /^Bearer\s+(\S+)\s*$/i.exec(authorization);
   if (!m || looksLikeSarsenKey(m[1]!)) return null;
   return m[1]!;
-}
-
-/**
- * The credential's part in the idempotency identity: a keyed hash, so one body under two
- * credentials is two executions and the stored identity reveals nothing of the credential.
- */
-export function credentialIdentity(hashKey: Buffer, credential: string): string {
-  return crypto.createHmac('sha256', hashKeyObject(hashKey)).update(`sarsen-caller-credential\0${credential}`).digest('hex');
 }

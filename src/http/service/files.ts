@@ -7,17 +7,16 @@ import type { Request, Response, Router, RequestHandler } from 'express';
 import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { createMultipartReader, multipartBoundary, MultipartError } from '../../core/batch-multipart.ts';
-import { openaiResultLine, succeeded, type EndedLine } from '../../core/batch-shapes.ts';
+import { openaiResultLine, openaiFileOf } from '../../core/batch-shapes.ts';
 import { newId } from '../../core/ids.ts';
 import { withTransaction } from '../../db/pool.ts';
 import { startFile, addFilePiece, finishFile, readFilePiece, findFile, listFiles, deleteFile, type FileRow } from '../../db/files.ts';
-import { resultPage } from '../../db/batches.ts';
+import { resultPages } from '../../db/batches.ts';
 import { serviceAuthOf } from '../service-auth.ts';
 import { send } from './streams.ts';
 import { vendorRoute, sendJson, limitParam, idParam } from './vendor-routes.ts';
 
 const PIECE_BYTES = 1024 * 1024;
-const RESULT_PAGE = 500;
 const MAX_FIELD_BYTES = 256;
 
 /** A file id of the vendor's form: `file-` and a ULID. */
@@ -125,7 +124,7 @@ async function list(deps: Deps, req: Request, res: Response): Promise<void> {
   sendJson(res, { object: 'list', data: page.map(fileObject), first_id: page[0]?.id ?? null, last_id: page.at(-1)?.id ?? null, has_more: rows.length > limit });
 }
 
-/** An input file's bytes as uploaded; an output or error file's lines, built from the stored answers. */
+/** An input file's bytes as uploaded; an output or error file's lines, built from the lines and their stored answers. */
 async function content(deps: Deps, req: Request, res: Response): Promise<void> {
   const file = await found(deps, res, String(req.params.id));
   res.status(200).set('content-type', 'application/octet-stream');
@@ -137,13 +136,9 @@ async function content(deps: Deps, req: Request, res: Response): Promise<void> {
       await send(res, piece);
     }
   } else {
-    const wanted = (l: EndedLine) => (file.kind === 'output') === succeeded(l);
-    for (let after = 0; ; ) {
-      const page = await resultPage(deps.pool, file.batch_id, after, RESULT_PAGE);
-      const text = page.filter(wanted).map((l) => openaiResultLine(file.batch_id!, l)).join('');
+    for await (const page of resultPages(deps.pool, file.batch_id)) {
+      const text = page.filter((l) => openaiFileOf(l) === file.kind).map((l) => openaiResultLine(file.batch_id!, l)).join('');
       if (text.length > 0) await send(res, text);
-      if (page.length < RESULT_PAGE) break;
-      after = page.at(-1)!.line;
     }
   }
   res.end();

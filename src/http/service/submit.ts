@@ -1,5 +1,6 @@
 // Accepting a submission (docs/api.md "What happens to a submission"): authenticate (done by the
-// route), refuse loops, read and canonicalise the body, resolve the routing rule, then hand it to
+// route), refuse loops, read and canonicalise the body, resolve the routing rule and build the
+// request (control/routed-request.ts, the batch dispatcher's path too), then hand it to
 // the process's submitter (one group commit checks the key's rate limits, records and enqueues
 // it, looks up the response cache when it applies, and claims it when this process runs it: then
 // its provider call has started by the time this returns). Shared by every submission route.
@@ -8,27 +9,16 @@ import type { Deps } from '../../deps.ts';
 import type { ServiceAuth } from '../service-auth.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { readBody, decodeUtf8, MAX_SUBMISSION_BYTES } from '../body.ts';
-import {
-  parseCanonical,
-  CanonicalJsonError,
-  topLevelString,
-  topLevelBoolean,
-  withTopLevelField,
-  jsonString,
-  identityHash,
-  isJsonObject,
-  type JsonValue,
-} from '../../core/canonical-json.ts';
+import { parseCanonical, CanonicalJsonError, topLevelBoolean, type JsonValue } from '../../core/canonical-json.ts';
+import { bodyModel } from '../../core/submission-body.ts';
 import { forwardableHeaders, parseHops, HOPS_HEADER } from '../../core/header-policy.ts';
-import { newId } from '../../core/ids.ts';
-import { resolveModel } from '../../control/resolve-model.ts';
-import { servesDialect, type Dialect } from '../../core/dialects.ts';
+import { routedRequest } from '../../control/routed-request.ts';
+import type { Dialect } from '../../core/dialects.ts';
 import { MeteringRefusal, type Submitted } from '../../db/submissions.ts';
 import { RateLimitRefusal } from '../../db/rate-limits.ts';
 import { CACHE_HEADER, parseCacheHeader, cachePolicy, cacheKey } from '../../core/response-cache.ts';
 import { countRateLimited } from '../../metrics/metrics.ts';
-import { seal } from '../../core/sealing.ts';
-import { callerCredential, credentialIdentity } from './caller-credential.ts';
+import { callerCredential } from './caller-credential.ts';
 import { tracer, activeSpan } from '../../telemetry/tracing.ts';
 import { traceAcceptance, currentTraceParent, linkAttached } from '../../telemetry/spans.ts';
 import { requestTraceParent } from '../../db/requests.ts';
@@ -63,78 +53,24 @@ export async function acceptSubmission(
     );
   }
   const { value, text } = parseBody(await readBody(req, MAX_SUBMISSION_BYTES));
-  if (!isJsonObject(value)) throw new ServiceError('bad_request', 'The body must be a JSON object.');
-  const model = topLevelString(value, 'model');
-  if (model === undefined) throw new ServiceError('bad_request', 'The body must name a `model` as a string.');
-  // The model is stored as text, which cannot hold U+0000 (the body keeps its escape as sent).
-  if (model.includes('\u0000')) throw new ServiceError('bad_request', 'The `model` must not contain U+0000.');
+  const named = bodyModel(value);
+  if ('refused' in named) throw new ServiceError('bad_request', named.refused);
   const streaming = topLevelBoolean(value, 'stream') === true;
   const background = dialect === 'responses' && topLevelBoolean(value, 'background') === true;
   const directive = parseCacheHeader(req.headers[CACHE_HEADER]);
   if (typeof directive === 'string') throw new ServiceError('bad_request', directive);
 
-  const resolution = await resolveModel(deps, auth.namespaceId, model);
-  if (resolution === null) {
-    throw new ServiceError('not_found', `No routing rule matches model ${JSON.stringify(model)} in namespace ${auth.namespaceName}.`);
-  }
-  if ('declined' in resolution) {
-    throw new ServiceError('forbidden', `Routing rule ${resolution.declined.rule_id} (${resolution.declined.model}) declines model ${JSON.stringify(model)}.`);
-  }
-  const { rule, backend } = resolution;
-  if (!servesDialect(backend.dialect, dialect)) {
-    throw new ServiceError(
-      'unprocessable_entity',
-      `Model ${JSON.stringify(model)} routes to a ${backend.dialect}-dialect backend; this route speaks ${dialect}. Sarsen does not translate between dialects.`,
-    );
-  }
-  let credential: string | null = null;
-  if (backend.credential_source === 'caller') {
-    if (!deps.serve.credentialPassthrough) {
-      throw new ServiceError('passthrough_disabled', 'This model routes to a caller-credential backend, which this deployment does not enable.');
-    }
-    if (opts.fireAndForget) {
-      throw new ServiceError('passthrough_disabled', 'Caller-credential backends take synchronous submissions only: POST /chat/completions, /messages or /responses.');
-    }
-    credential = callerCredential(req.headers);
-    if (credential === null) {
-      throw new ServiceError(
-        'caller_credential_missing',
-        'This backend forwards your own provider credential: send it in Authorization or x-api-key, and the Sarsen key in X-Sarsen-Key.',
-      );
-    }
-  }
-
-  const upstreamModel = rule.rewrite_model ?? model;
-  const body = upstreamModel === model ? text : withTopLevelField(value, 'model', jsonString(upstreamModel));
-  const id = newId('req');
-  const identity = Buffer.from(
-    identityHash({
-      dialect,
-      canonicalText: text,
-      credentialHash: credential === null ? undefined : credentialIdentity(deps.secrets.apiKeyHashKey, credential),
-    }),
-    'hex',
+  const routed = await routedRequest(
+    deps,
+    { tenancyId: auth.tenancyId, namespaceId: auth.namespaceId, apiKeyId: auth.apiKeyId, limits: auth.limits, dialect, model: named.model, text, value, streaming },
+    { namespace: `namespace ${auth.namespaceName}`, speaker: 'this route', synchronous: !opts.fireAndForget, credential: callerCredential(req.headers) },
   );
+  const { id, identity, backend, upstreamModel } = routed;
   const policy = cachePolicy(auth.cacheTtlMinutes, directive);
   const submission: NewSubmission = {
-      id,
-      tenancyId: auth.tenancyId,
-      namespaceId: auth.namespaceId,
-      apiKeyId: auth.apiKeyId,
-      backendId: backend.backend_id,
-      fallbackBackendIds: rule.fallback_backend_ids,
-      backend,
-      dialect,
-      streaming,
-      model,
-      upstreamModel,
+      ...routed,
       forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
       hops,
-      body,
-      identity,
-      // Sealed under credential-key and bound to the request; destroyed with the terminal write.
-      sealedCredential: credential === null ? null : seal(deps.keyring, credential, id),
-      limits: auth.limits,
       cache: policy === null ? null : { key: cacheKey(identity, backend.backend_id, upstreamModel), ...policy },
       // Nobody waits on a POST /requests: its work yields to acceptance. A background response's
       // caller polls or resumes it from the moment its create answers: it does not.
