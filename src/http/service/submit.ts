@@ -34,6 +34,10 @@ import { tracer, activeSpan } from '../../telemetry/tracing.ts';
 import { traceAcceptance, currentTraceParent, linkAttached } from '../../telemetry/spans.ts';
 import { requestTraceParent } from '../../db/requests.ts';
 import type { NewSubmission } from '../../deps.ts';
+import { liveClaim } from '../../db/attach.ts';
+
+// A re-sent body that may only land on a live execution, never start one (docs/api.md "Attach only").
+const ATTACH_HEADER = 'x-sarsen-attach';
 
 /** What a submission route answers from: the request the submission landed on, and whether it streams. */
 /** `background`: a Responses body that asked for the vendor's background mode (docs/api.md "Background responses"). */
@@ -116,6 +120,14 @@ export async function acceptSubmission(
     }),
     'hex',
   );
+  if (!opts.fireAndForget && req.headers[ATTACH_HEADER] !== undefined) {
+    if (String(req.headers[ATTACH_HEADER]).trim().toLowerCase() !== 'only') throw new ServiceError('bad_request', `${ATTACH_HEADER} takes the value \`only\`.`);
+    const live = await liveClaim(deps.pool, auth.namespaceId, identity);
+    if (live === null) {
+      throw new ServiceError('not_found', 'No execution of this body is live in the idempotency window of this namespace; nothing was submitted.');
+    }
+    return { requestId: live.requestId, attached: true, status: live.status, jobId: null, cachedFrom: null, streaming, background };
+  }
   const policy = cachePolicy(auth.cacheTtlMinutes, directive);
   if (TRACING) trace(id, 'submit');
   const submission: NewSubmission = {
