@@ -17,8 +17,7 @@ const FIRST_SEQ = 'x-sarsen-first-seq';
 const ATTACH = 'x-sarsen-attach';
 // Sarsen's own comment on a quiet stream: not a stored frame, so not counted.
 const KEEP_ALIVE = ': keep-alive\n\n';
-// Headers that authenticate a read by id; nothing else of the SDK's request is sent again.
-const AUTH_HEADERS = ['authorization', 'x-sarsen-key'];
+const SARSEN_KEY = 'x-sarsen-key';
 // Errors that mean the connection never opened, so the body never left.
 const NEVER_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'UND_ERR_CONNECT_TIMEOUT']);
 
@@ -68,14 +67,7 @@ type ReadResult = { done: false; value: Uint8Array } | { done: true; value?: Uin
 /** A fetch that makes each submission it sends to Sarsen durable; every other call passes through. */
 export function durableFetch(options: DurableFetchOptions = {}): typeof fetch {
   const base = options.fetch ?? ((input: Parameters<typeof fetch>[0], init?: RequestInit) => globalThis.fetch(input, init));
-  const o = {
-    retries: options.retries ?? 6,
-    backoffMs: options.backoffMs ?? 250,
-    maxBackoffMs: options.maxBackoffMs ?? 4000,
-    stallMs: options.stallMs ?? 45_000,
-    windowMs: options.windowMs ?? 600_000,
-    onResume: options.onResume,
-  };
+  const o = settingsOf(options);
   const durable = (input: Parameters<typeof fetch>[0], init?: RequestInit): Promise<Response> => {
     const url = typeof input === 'string' ? input : input instanceof URL ? input.href : null;
     const method = (init?.method ?? 'GET').toUpperCase();
@@ -87,6 +79,31 @@ export function durableFetch(options: DurableFetchOptions = {}): typeof fetch {
   };
   return durable as typeof fetch;
 }
+
+/**
+ * A fetch that answers every submission its SDK sends with the stream of request `requestId`,
+ * replayed from its start as the provider sent it (docs/clients.md "Resume by request id"); the
+ * body is never sent. For a stream the application let go of: a page reload, a restarted server.
+ */
+export function replayFetch(requestId: string, options: DurableFetchOptions = {}): typeof fetch {
+  const base = options.fetch ?? ((input: Parameters<typeof fetch>[0], init?: RequestInit) => globalThis.fetch(input, init));
+  const o = settingsOf(options);
+  const replaying = (input: Parameters<typeof fetch>[0], init?: RequestInit): Promise<Response> => {
+    const url = typeof input === 'string' ? input : input instanceof URL ? input.href : null;
+    if (url === null || !SUBMISSION_PATH.test(new URL(url).pathname)) return base(input, init);
+    return new Call(base, url, init ?? {}, o).replay(requestId);
+  };
+  return replaying as typeof fetch;
+}
+
+const settingsOf = (options: DurableFetchOptions): Settings => ({
+  retries: options.retries ?? 6,
+  backoffMs: options.backoffMs ?? 250,
+  maxBackoffMs: options.maxBackoffMs ?? 4000,
+  stallMs: options.stallMs ?? 45_000,
+  windowMs: options.windowMs ?? 600_000,
+  onResume: options.onResume,
+});
 
 type Settings = Required<Omit<DurableFetchOptions, 'fetch' | 'onResume'>> & Pick<DurableFetchOptions, 'onResume'>;
 
@@ -114,8 +131,18 @@ class Call {
     // Not Sarsen's answer to an accepted submission (refused at the door, or not Sarsen at all): as it came.
     if (this.requestId === null || res.body === null) return res;
     const streaming = res.ok && /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
-    const body = streaming ? this.streamBody(res) : this.wholeBody(res);
+    const firstSeq = Number(res.headers.get(FIRST_SEQ) ?? '1');
+    const body = streaming
+      ? this.streamBody(new Connection(res, null, this.o.stallMs), false, Number.isSafeInteger(firstSeq) && firstSeq > 0 ? firstSeq : 1)
+      : this.wholeBody(res);
     return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+  }
+
+  /** The stream of `requestId` from its start, by id. */
+  async replay(requestId: string): Promise<Response> {
+    this.requestId = requestId;
+    const conn = await this.reopen(0, 0);
+    return new Response(this.streamBody(conn, true, 1), { status: 200, headers: conn.res.headers });
   }
 
   /** The first answer's status and headers, finding the request again by its body if the connection broke before them. */
@@ -189,11 +216,10 @@ class Call {
    * A stream's body: whole frames handed on as they complete, counted so that a break resumes
    * by id right after the last one. Sarsen's keep-alives are passed on but not counted.
    */
-  private streamBody(first: Response): ReadableStream<Uint8Array> {
-    const firstSeq = Number(first.headers.get(FIRST_SEQ) ?? '1');
-    let nextSeq = Number.isSafeInteger(firstSeq) && firstSeq > 0 ? firstSeq : 1;
-    let conn: Connection | null = new Connection(first, null, this.o.stallMs);
-    let replaying = false;
+  private streamBody(first: Connection, replayed: boolean, firstSeq: number): ReadableStream<Uint8Array> {
+    let nextSeq = firstSeq;
+    let conn: Connection | null = first;
+    let replaying = replayed;
     let ended = false;
     const framer = createFramer();
     return new ReadableStream<Uint8Array>({
@@ -261,14 +287,20 @@ class Call {
   private async reopen(afterSeq: number, attempt: number): Promise<Connection> {
     for (; ; attempt++) {
       if (attempt > this.o.retries) throw new DurableFetchError('gave_up', `The stream broke and ${this.o.retries} tries to resume it failed.`, this.requestId, this.lastBreak);
-      this.o.onResume?.({ requestId: this.requestId, how: 'replay', afterSeq, attempt, error: this.lastBreak });
-      await this.backoff(attempt);
-      const headers = new Headers({ accept: 'text/event-stream', 'last-event-id': String(afterSeq) });
-      const given = new Headers(this.init.headers);
-      for (const name of AUTH_HEADERS) {
-        const v = given.get(name);
-        if (v !== null) headers.set(name, v);
+      if (attempt > 0) {
+        this.o.onResume?.({ requestId: this.requestId, how: 'replay', afterSeq, attempt, error: this.lastBreak });
+        await this.backoff(attempt);
       }
+      const headers = new Headers({ accept: 'text/event-stream' });
+      // None at all from the start: the current attempt's frames, whatever number they start at.
+      if (afterSeq > 0) headers.set('last-event-id', String(afterSeq));
+      // The Sarsen key only: with X-Sarsen-Key, Authorization carries a caller credential,
+      // which a read by id does not need and so is not sent again.
+      const given = new Headers(this.init.headers);
+      const sarsenKey = given.get(SARSEN_KEY);
+      const bearer = given.get('authorization');
+      if (sarsenKey !== null) headers.set(SARSEN_KEY, sarsenKey);
+      else if (bearer !== null) headers.set('authorization', bearer);
       const at = `${new URL(this.url).origin}${new URL(this.url).pathname.replace(SUBMISSION_PATH, '')}/requests/${encodeURIComponent(this.requestId!)}`;
       let conn: Connection;
       try {

@@ -11,6 +11,8 @@ import { startFakeProvider, chatFrames, messagesFrames, chatCompletionBody, type
 import { provision, type Tenant } from '../support/tenant.ts';
 import { startFaultProxy, type FaultProxy } from '../support/fault-proxy.ts';
 import { gate } from './streaming-support.ts';
+import { call } from '../support/control-plane.ts';
+import { registerSecret } from '../support/log-guard.ts';
 
 /** A fetch that keeps every byte of each answer body it hands on (what the SDK read). */
 function recording(inner: typeof fetch): { fetch: typeof fetch; bodies: Buffer[][] } {
@@ -40,7 +42,7 @@ describe('durableFetch: the official SDKs through a breaking connection', functi
 
   before(async () => {
     provider = await startFakeProvider();
-    server = await startTestServer();
+    server = await startTestServer({ credentialPassthrough: true });
     const port = Number(new URL(server.url).port);
     proxy = await startFaultProxy({ host: '127.0.0.1', port });
   });
@@ -182,6 +184,46 @@ describe('durableFetch: the official SDKs through a breaking connection', functi
     expect(err).to.be.instanceOf(Anthropic.BadRequestError);
     expect(err.headers?.get('retry-after')).to.equal('3');
     expect(provider.journal.length).to.equal(3);
+  });
+
+  it('a caller-credential backend: the credential is part of what attaches, and a resume by id sends the Sarsen key alone', async () => {
+    const b = await call(server.url, 'POST', `/${t.tenancy}/v1/namespaces/${t.namespace}/backends`, {
+      token: t.adminToken,
+      body: { name: 'byok', kind: 'chat_compat', address: `${provider.url}/v1`, credential_source: 'caller' },
+    });
+    expect(b.status, b.text).to.equal(201);
+    await call(server.url, 'POST', `/${t.tenancy}/v1/namespaces/${t.namespace}/routing-rules`, { token: t.adminToken, body: { model: 'byok-*', backend_id: b.body.backend_id } });
+    const mine = 'sk-caller-credential-of-this-test';
+    registerSecret(mine);
+    const frames = chatFrames(Array.from({ length: 8 }, (_, i) => `c${i} `));
+    const gates = frames.map(() => gate());
+    provider.enqueue({ kind: 'sse', frames, waitBefore: Object.fromEntries(gates.map((g, i) => [i, g.until])) });
+    const reads: Headers[] = [];
+    const rec = recording(durableFetch({ ...options, fetch: (input, init) => {
+      if ((init?.method ?? 'GET') === 'GET') reads.push(new Headers(init?.headers));
+      return fetch(input, init);
+    } }));
+    const client = new OpenAI({ baseURL: base, apiKey: mine, defaultHeaders: { 'x-sarsen-key': t.key }, fetch: rec.fetch, maxRetries: 0 });
+    const created = client.chat.completions.create({ model: 'byok-gpt', stream: true, messages: [{ role: 'user', content: 'my own credential' }] });
+    // Cut before the first frame (found again by body and credential), then mid-stream (by id).
+    await provider.waitForRequests(1);
+    reset();
+    await until(() => resumes.some((r) => r.how === 'attach'));
+    gates[0]!.open();
+    let n = 0;
+    for await (const _ of await created) {
+      n++;
+      if (n === 3) reset();
+      gates[n]?.open();
+    }
+    expect(Buffer.concat(rec.bodies[0]!).toString('latin1')).to.equal(frames.join(''));
+    expect(provider.journal.length).to.equal(1);
+    expect(provider.journal[0]!.headers.authorization).to.equal(`Bearer ${mine}`);
+    expect(reads.length).to.be.at.least(1);
+    for (const h of reads) {
+      expect(h.get('x-sarsen-key')).to.equal(t.key);
+      expect(h.get('authorization')).to.equal(null);
+    }
   });
 
   it('x-sarsen-attach: only lands on a live execution of the body, and where there is none answers 404 and submits nothing', async () => {
