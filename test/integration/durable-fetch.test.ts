@@ -5,6 +5,9 @@
 import { expect } from 'chai';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
+import { createOpenAI } from '@ai-sdk/openai';
+import { createAnthropic } from '@ai-sdk/anthropic';
+import { streamText } from 'ai';
 import { durableFetch, type ResumeInfo } from 'sarsen/client';
 import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, chatFrames, messagesFrames, chatCompletionBody, type FakeProvider } from '../support/fake-provider.ts';
@@ -109,16 +112,50 @@ describe('durableFetch: the official SDKs through a breaking connection', functi
     for await (const event of stream) {
       n++;
       if (event.type === 'content_block_delta' && event.delta.type === 'text_delta') text += event.delta.text;
-      if (n === 3 || n === 9) reset();
-      // The connection goes silent (no reset, no FIN): the stall bound finds it out.
-      if (n === 6) proxy.set({ kind: 'half-open', newConnections: 'pass' });
-      if (n === 7) proxy.heal();
+      // The first connection goes silent (no reset, no FIN): the stall bound finds it out.
+      if (n === 2) proxy.set({ kind: 'half-open', newConnections: 'pass' });
+      if (n === 3) proxy.heal();
+      if (n === 6 || n === 9) reset();
       gates[n]?.open();
     }
     expect(text).to.equal(texts.join(''));
     expect(Buffer.concat(rec.bodies[0]!).toString('latin1')).to.equal(frames.join(''));
     expect(provider.journal.length).to.equal(1);
     expect(resumes.filter((r) => r.how === 'replay').length).to.be.at.least(3);
+  });
+
+  it('the AI SDK (openai and anthropic providers): streamText through resets gets every word once, byte for byte, from one provider call each', async () => {
+    const texts = Array.from({ length: 10 }, (_, i) => `s${i} `);
+    for (const dialect of ['chat', 'messages'] as const) {
+      provider.reset();
+      resumes.length = 0;
+      const frames = dialect === 'chat' ? chatFrames(texts) : messagesFrames(texts, { ping: false });
+      const gates = frames.map(() => gate());
+      provider.enqueue({ kind: 'sse', frames, waitBefore: Object.fromEntries(gates.map((g, i) => [i, g.until])) });
+      const rec = recording(durableFetch(options));
+      const model = dialect === 'chat'
+        ? createOpenAI({ baseURL: base, apiKey: t.key, fetch: rec.fetch }).chat('gpt-test')
+        : createAnthropic({ baseURL: `${root}/v1`, apiKey: 'unused', headers: { 'x-sarsen-key': t.key }, fetch: rec.fetch })('claude-test');
+      // The frames that carry no text, and the first that does, at once; then one more per word
+      // read, so the resets land mid-stream.
+      let opened = frames.length - texts.length + 1;
+      for (const g of gates.slice(0, opened)) g.open();
+      let failure: unknown;
+      const result = streamText({ model, prompt: `through resets, ${dialect}`, maxOutputTokens: 64, maxRetries: 0, onError: ({ error }) => void (failure = error) });
+      let text = '';
+      let n = 0;
+      for await (const delta of result.textStream) {
+        text += delta;
+        n++;
+        if (n === 2 || n === 5) reset();
+        gates[opened++]?.open();
+      }
+      expect(failure, String(failure)).to.equal(undefined);
+      expect(text).to.equal(texts.join(''));
+      expect(Buffer.concat(rec.bodies[0]!).toString('latin1')).to.equal(frames.join(''));
+      expect(provider.journal.length).to.equal(1);
+      expect(resumes.filter((r) => r.how === 'replay').length).to.be.at.least(1);
+    }
   });
 
   it('a stream whose connection breaks before its first frame finds its request again by its body, attach-only, with one provider call', async () => {
