@@ -1,17 +1,18 @@
-// The client recipes of docs/api.md ("Client recipes"), run as they stand (issue 31): each
-// fenced block under a `<!-- recipe: NAME -->` marker is written to a file and run as a child
-// process (node for TypeScript, sh for curl) against a real Sarsen and the fake provider, with
-// the page's address replaced by the test's and the key in SARSEN_KEY. A recipe that stops
-// working, goes missing or calls another route than it should fails here, not at a user's.
+// The client recipes of docs/clients.md, run as they stand (issue 31): each fenced block under a
+// `<!-- recipe: NAME -->` marker is written to a file and run as a child process (node for
+// TypeScript, sh for curl) against a real Sarsen and the fake provider, with the page's address
+// replaced by the test's and the key in SARSEN_KEY. A recipe that stops working, goes missing or
+// calls another route than it should fails here, not at a user's. (A `recipe-module` block is a
+// module, driven by its own test: durable-fetch-ai-sdk.test.ts.)
 import { expect } from 'chai';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { execFile } from 'node:child_process';
 import { startTestServer, type TestServer } from '../support/server.ts';
 import { startFakeProvider, defaultAnswer, type FakeProvider } from '../support/fake-provider.ts';
 import { provision } from '../support/tenant.ts';
 import { rawRequest, json } from '../support/http.ts';
+import { recipeDir } from './durable-fetch-support.ts';
 
 const PAGE_ADDRESS = 'http://127.0.0.1:8080/acme/prod';
 const DIALECT_OF_PATH: Record<string, string> = { '/v1/chat/completions': 'chat', '/v1/responses': 'responses', '/v1/messages': 'messages' };
@@ -28,12 +29,15 @@ const EXPECTED: Record<string, string[]> = {
   'ai-sdk-anthropic': ['/v1/messages', '/v1/messages'],
   langchain: ['/v1/chat/completions', '/v1/chat/completions', '/v1/responses'],
   curl: ['/v1/chat/completions', '/v1/responses', '/v1/responses'],
+  'durable-fetch': ['/v1/chat/completions', '/v1/messages'],
+  // One provider call: the stream left, then read again by id.
+  'openai-resume-by-id': ['/v1/chat/completions'],
 };
 
 type Recipe = { name: string; lang: string; code: string };
 
 function readRecipes(): Recipe[] {
-  const page = fs.readFileSync('docs/api.md', 'utf8');
+  const page = fs.readFileSync('docs/clients.md', 'utf8');
   return [...page.matchAll(/<!-- recipe: ([a-z0-9-]+) -->\n```(\w+)\n([\s\S]*?)\n```/g)].map((m) => ({ name: m[1]!, lang: m[2]!, code: `${m[3]!}\n` }));
 }
 
@@ -50,7 +54,7 @@ function deltas(out: string): string {
   return [...out.matchAll(/"delta":("(?:[^"\\]|\\.)*")/g)].map((m) => JSON.parse(m[1]!) as string).join('');
 }
 
-describe('client recipes (docs/api.md)', function () {
+describe('client recipes (docs/clients.md)', function () {
   this.timeout(120_000);
   let server: TestServer;
   let provider: FakeProvider;
@@ -61,8 +65,7 @@ describe('client recipes (docs/api.md)', function () {
     provider = await startFakeProvider();
     server = await startTestServer();
     // The recipes import the project's devDependencies, as a user's project would its own.
-    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sarsen-recipes-'));
-    fs.symlinkSync(path.resolve('node_modules'), path.join(dir, 'node_modules'), 'dir');
+    dir = recipeDir();
   });
   after(async () => {
     await server?.close();
@@ -78,7 +81,7 @@ describe('client recipes (docs/api.md)', function () {
   for (const name of Object.keys(EXPECTED)) {
     it(`${name}: runs unmodified, calls the routes it should, and prints the provider's answers`, async () => {
       const recipe = recipes.find((r) => r.name === name);
-      expect(recipe, `recipe ${name} in docs/api.md`).to.not.equal(undefined);
+      expect(recipe, `recipe ${name} in docs/clients.md`).to.not.equal(undefined);
       expect(recipe!.code).to.include(PAGE_ADDRESS);
       // A namespace of its own, so no recipe's identical body attaches to another's request.
       const t = await provision(server, provider);
@@ -94,7 +97,7 @@ describe('client recipes (docs/api.md)', function () {
       expect(provider.journal.map((e) => e.path), said).to.deep.equal(EXPECTED[name]);
       // Every prompt of the recipe was answered, whole or as a stream's deltas.
       const prompts = [...recipe!.code.matchAll(/['"](Say hello[^'"]*)['"]/g)].map((m) => m[1]!);
-      expect(prompts.length).to.be.at.least(2);
+      expect(prompts.length).to.be.at.least(1);
       for (const prompt of prompts) {
         const text = defaultAnswer({ messages: [{ role: 'user', content: prompt }] }).text;
         expect(result.stdout.includes(text) || deltas(result.stdout).includes(text), `${prompt}: ${said}`).to.equal(true);

@@ -21,12 +21,15 @@ import { messageBatchRoutes } from './batches-anthropic.ts';
 const BASE = '/:tenancy/:namespace/v1';
 // Names the request whose stored answer the response cache served (docs/api.md "Response cache").
 const CACHED_FROM_HEADER = 'x-sarsen-cached-from';
+// Names the request a synchronous answer comes from, so a client can resume it by id (docs/clients.md).
+const REQUEST_ID_HEADER = 'x-sarsen-request-id';
 
 async function synchronous(deps: Deps, req: Request, res: Response, dialect: Dialect): Promise<void> {
   const auth = serviceAuthOf(res);
   // Accepted (and, in a process that also executes, claimed and running: see server.ts).
   const accepted = await acceptSubmission(deps, req, auth, dialect, { fireAndForget: false });
   noteSubmission(res, accepted);
+  res.set(REQUEST_ID_HEADER, accepted.requestId);
   // In the background without a stream: the Response as it stands, at once. With a stream, the
   // events, as for any stream (the caller may leave at any point).
   // Sarsen acts on one body field, the Responses `background` (docs/api.md "Background responses").

@@ -183,7 +183,8 @@ export async function liveStream(deps: BaseDeps, res: Response, request: Watched
     case 'gone':
       return finish(res, left);
     case 'frames':
-      res.writeHead(200, SSE_HEADERS);
+      // The first frame's sequence number: a client resuming by id counts on from it (docs/clients.md).
+      res.writeHead(200, { ...SSE_HEADERS, 'x-sarsen-first-seq': String(first.first.frames[0]!.seq) });
       return writeEvents(res, first.rest, { ids: false, keepAliveMs: KEEP_ALIVE_MS, left, first: first.first });
   }
 }

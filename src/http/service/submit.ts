@@ -23,6 +23,10 @@ import { tracer, activeSpan } from '../../telemetry/tracing.ts';
 import { traceAcceptance, currentTraceParent, linkAttached } from '../../telemetry/spans.ts';
 import { requestTraceParent } from '../../db/requests.ts';
 import type { NewSubmission } from '../../deps.ts';
+import { liveClaim } from '../../db/attach.ts';
+
+// A re-sent body that may only land on a live execution, never start one (docs/api.md "Attach only").
+const ATTACH_HEADER = 'x-sarsen-attach';
 
 /** What a submission route answers from: the request the submission landed on, and whether it streams. */
 /** `background`: a Responses body that asked for the vendor's background mode (docs/api.md "Background responses"). */
@@ -66,28 +70,36 @@ export async function acceptSubmission(
     { namespace: `namespace ${auth.namespaceName}`, speaker: 'this route', synchronous: !opts.fireAndForget, credential: callerCredential(req.headers) },
   );
   const { id, identity, backend, upstreamModel } = routed;
+  if (!opts.fireAndForget && req.headers[ATTACH_HEADER] !== undefined) {
+    if (String(req.headers[ATTACH_HEADER]).trim().toLowerCase() !== 'only') throw new ServiceError('bad_request', `${ATTACH_HEADER} takes the value \`only\`.`);
+    const live = await liveClaim(deps.pool, auth.namespaceId, identity);
+    if (live === null) {
+      throw new ServiceError('not_found', 'No execution of this body is live in the idempotency window of this namespace; nothing was submitted.');
+    }
+    return { requestId: live.requestId, attached: true, status: live.status, jobId: null, cachedFrom: null, streaming, background };
+  }
   const policy = cachePolicy(auth.cacheTtlMinutes, directive);
   const submission: NewSubmission = {
-      ...routed,
-      forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
-      hops,
-      cache: policy === null ? null : { key: cacheKey(identity, backend.backend_id, upstreamModel), ...policy },
-      // Nobody waits on a POST /requests: its work yields to acceptance. A background response's
-      // caller polls or resumes it from the moment its create answers: it does not.
-      callerWaits: !opts.fireAndForget,
-      // The caller's request span: attempts continue its trace (docs/operations.md "Tracing").
-      traceParent: tracer === null ? null : currentTraceParent(),
+    ...routed,
+    forwardedHeaders: forwardableHeaders(dialect, req.rawHeaders),
+    hops,
+    cache: policy === null ? null : { key: cacheKey(identity, backend.backend_id, upstreamModel), ...policy },
+    // Nobody waits on a POST /requests: its work yields to acceptance. A background response's
+    // caller polls or resumes it from the moment its create answers: it does not.
+    callerWaits: !opts.fireAndForget,
+    // The caller's request span: attempts continue its trace (docs/operations.md "Tracing").
+    traceParent: tracer === null ? null : currentTraceParent(),
   };
   const submitting = tracer === null ? deps.submitter.submit(submission) : traceAcceptance(tracer, id, dialect, streaming, () => deps.submitter.submit(submission));
   const submitted = await submitting.catch((err: unknown) => {
-      if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);
-      if (err instanceof RateLimitRefusal) {
-        countRateLimited(err.limit);
-        if (tracer !== null) activeSpan()?.setAttribute('sarsen.rate_limit', `refused_${err.limit}`);
-        throw new ServiceError('rate_limited', err.message, { retryAfterSeconds: err.retryAfterSeconds });
-      }
-      throw err;
-    });
+    if (err instanceof MeteringRefusal) throw new ServiceError(err.reason, err.message);
+    if (err instanceof RateLimitRefusal) {
+      countRateLimited(err.limit);
+      if (tracer !== null) activeSpan()?.setAttribute('sarsen.rate_limit', `refused_${err.limit}`);
+      throw new ServiceError('rate_limited', err.message, { retryAfterSeconds: err.retryAfterSeconds });
+    }
+    throw err;
+  });
   if (tracer !== null) await traceAccepted(deps, auth, dialect, submitted);
   return { ...submitted, streaming, background };
 }
