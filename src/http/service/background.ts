@@ -16,7 +16,7 @@ import { sweepRecord } from '../../db/retention.ts';
 import { cancelRequest } from '../../db/cancel.ts';
 import { isTerminal, requestTraceParent } from '../../db/requests.ts';
 import { watch } from './watch.ts';
-import { callerLeft, send } from './streams.ts';
+import { callerLeft, readStream, type StreamView } from './streams.ts';
 import { serviceAuthOf } from '../service-auth.ts';
 import type { AcceptedSubmission } from './submit.ts';
 import { trackStream } from '../../metrics/metrics.ts';
@@ -24,8 +24,6 @@ import { vendorRoute } from './vendor-routes.ts';
 import { tracer } from '../../telemetry/tracing.ts';
 import { traceReplay } from '../../telemetry/spans.ts';
 
-const KEEP_ALIVE_MS = 15_000;
-const SSE_HEADERS = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' };
 // How long a cancel waits for the running attempt to stop, so it can answer `cancelled`.
 const CANCEL_WAIT_MS = 10_000;
 const SUPERSEDED_MESSAGE =
@@ -117,70 +115,49 @@ async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> 
  * numbers none, the event's place in its attempt counted from 0. A position is one attempt's:
  * when that attempt was discarded, the reader gets the dialect's `error` event instead.
  */
-async function resume(deps: Deps, res: Response, row: ResponseRow, startingAfter: number | null): Promise<void> {
-  const left = callerLeft(res);
-  res.writeHead(200, SSE_HEADERS);
-  res.flushHeaders();
+function resume(deps: Deps, res: Response, row: ResponseRow, startingAfter: number | null): Promise<void> {
+  const request = { id: row.id, namespaceId: serviceAuthOf(res).namespaceId, streaming: true };
+  return readStream(deps, res, request, { view: positions(row, startingAfter) });
+}
+
+/** The reading of a Responses stream by position: the events after `startingAfter`, of the attempt the reader followed. */
+function positions(row: ResponseRow, startingAfter: number | null): StreamView {
   // The attempt the reader followed: the provider's id names it; Sarsen's id cannot tell once an
   // earlier attempt's events were discarded.
-  let expected: number | null = null;
-  if (startingAfter !== null) {
-    const discarded = row.named_attempt !== null
-      ? row.named_attempt !== row.attempts || row.status === 'pending'
-      : (row.stream_first_seq ?? 1) > 1;
-    if (discarded) return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, startingAfter + 1));
-    expected = row.named_attempt;
-  }
+  let expected = startingAfter !== null ? row.named_attempt : null;
   let firstSeq = 0;
   let skipping = startingAfter !== null;
   let last = startingAfter ?? -1;
-  let lastWrite = performance.now();
-  const request = { id: row.id, namespaceId: serviceAuthOf(res).namespaceId, streaming: true };
-  for await (const ev of watch(deps, request, { afterSeq: 0, idleMs: KEEP_ALIVE_MS, signal: left })) {
-    if (ev.type === 'frames') {
-      const frames = ev.frames;
-      for (const f of frames) {
-        if (expected === null || firstSeq === 0) {
-          expected ??= f.attempt;
-          firstSeq = f.seq;
-        }
-        if (f.attempt !== expected) return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1));
-        const text = typeof f.frame === 'string' ? f.frame : f.frame.toString('latin1');
-        const position = frameSequence(text) ?? f.seq - firstSeq;
-        if (skipping && position <= startingAfter!) continue;
-        skipping = false;
-        last = position;
-        await send(res, typeof f.frame === 'string' ? Buffer.from(f.frame, 'latin1') : f.frame);
+  const superseded = () => errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1);
+  return {
+    start() {
+      if (startingAfter === null) return null;
+      const discarded = row.named_attempt !== null
+        ? row.named_attempt !== row.attempts || row.status === 'pending'
+        : (row.stream_first_seq ?? 1) > 1;
+      return discarded ? superseded() : null;
+    },
+    frame(f) {
+      if (expected === null || firstSeq === 0) {
+        expected ??= f.attempt;
+        firstSeq = f.seq;
       }
-      lastWrite = performance.now();
-    } else if (ev.type === 'idle') {
-      if (performance.now() - lastWrite >= KEEP_ALIVE_MS) {
-        lastWrite = performance.now();
-        await send(res, ': keep-alive\n\n');
-      }
-    } else if (ev.type === 'superseded') {
-      return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1));
-    } else {
+      if (f.attempt !== expected) return superseded();
+      const position = frameSequence(typeof f.frame === 'string' ? f.frame : f.frame.toString('latin1')) ?? f.seq - firstSeq;
+      if (skipping && position <= startingAfter!) return false;
+      skipping = false;
+      last = position;
+      return true;
+    },
+    superseded,
+    end(answer) {
       // The provider's own failure events are frames; what ends here failed on Sarsen's side
       // (a transport failure, a cancel): told as the dialect's error event.
-      if (ev.answer.status === 'failed') {
-        const body = Buffer.isBuffer(ev.answer.body) ? ev.answer.body : Buffer.alloc(0);
-        const error = responseError(body, ev.answer.errorStatus);
-        return end(res, left, errorEvent(error.code, error.message, last + 1));
-      }
-      break;
-    }
-  }
-  end(res, left);
-}
-
-function end(res: Response, left: AbortSignal, last?: string): void {
-  if (left.aborted) {
-    res.destroy();
-    return;
-  }
-  if (last !== undefined) res.write(last);
-  res.end();
+      if (answer.status !== 'failed') return null;
+      const error = responseError(Buffer.isBuffer(answer.body) ? answer.body : Buffer.alloc(0), answer.errorStatus);
+      return errorEvent(error.code, error.message, last + 1);
+    },
+  };
 }
 
 async function cancel(deps: Deps, req: Request, res: Response): Promise<void> {
