@@ -8,6 +8,7 @@ import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { parseCanonical, isJsonObject, type JsonObject } from '../../core/canonical-json.ts';
 import { idTime } from '../../core/ids.ts';
+import { openaiList } from '../../core/vendor-api.ts';
 import {
   responseObject, responseError, terminalResponse, errorEvent, inputItems, frameSequence, ownResponseId, type ResponseStatus,
 } from '../../core/background.ts';
@@ -20,7 +21,7 @@ import { callerLeft, readStream, type StreamView } from './streams.ts';
 import { serviceAuthOf } from '../service-auth.ts';
 import type { AcceptedSubmission } from './submit.ts';
 import { trackStream } from '../../metrics/metrics.ts';
-import { vendorRoute } from './vendor-routes.ts';
+import { vendorRoute, sendJson, limitParam, orderParam, idParam, countParam } from './vendor-routes.ts';
 import { tracer } from '../../telemetry/tracing.ts';
 import { traceReplay } from '../../telemetry/spans.ts';
 
@@ -77,28 +78,16 @@ async function found(deps: Deps, res: Response, id: string, body: boolean): Prom
   return row;
 }
 
-const sendJson = (res: Response, text: string): void => {
-  res.status(200).set('content-type', 'application/json').send(text);
-};
-
 /** POST /responses with background and no stream: the Response as it stands, at once. */
 export async function answerBackground(deps: Deps, res: Response, accepted: AcceptedSubmission): Promise<void> {
   const row = await found(deps, res, accepted.requestId, false);
   sendJson(res, renderResponse(row, ownResponseId(accepted.requestId)));
 }
 
-/** A non-negative integer query parameter, or null when absent. */
-function integerParam(req: Request, name: string): number | null {
-  const v = req.query[name];
-  if (v === undefined) return null;
-  if (typeof v !== 'string' || !/^\d{1,15}$/.test(v)) throw new ServiceError('bad_request', `\`${name}\` must be a non-negative integer.`);
-  return Number(v);
-}
-
 async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
   const streaming = req.query.stream === 'true';
-  const startingAfter = integerParam(req, 'starting_after');
+  const startingAfter = countParam(req, 'starting_after');
   if (startingAfter !== null && !streaming) throw new ServiceError('bad_request', '`starting_after` needs `stream=true`.');
   const row = await found(deps, res, id, !streaming);
   if (!streaming) return sendJson(res, renderResponse(row, id));
@@ -188,30 +177,24 @@ async function remove(deps: Deps, req: Request, res: Response): Promise<void> {
   const row = await found(deps, res, id, false);
   if (!isTerminal(row.status)) throw new ServiceError('conflict', 'The response is still running: cancel it, or wait for it to end, before deleting it.');
   await sweepRecord(deps.pool, serviceAuthOf(res).namespaceId, row.id);
-  sendJson(res, JSON.stringify({ id, object: 'response', deleted: true }));
+  sendJson(res, { id, object: 'response', deleted: true });
 }
 
 async function listInputItems(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
-  const limit = integerParam(req, 'limit') ?? 20;
-  if (limit < 1 || limit > 100) throw new ServiceError('bad_request', '`limit` must be between 1 and 100.');
-  const order = req.query.order ?? 'desc';
-  if (order !== 'asc' && order !== 'desc') throw new ServiceError('bad_request', '`order` must be `asc` or `desc`.');
-  const after = req.query.after;
-  if (after !== undefined && typeof after !== 'string') throw new ServiceError('bad_request', '`after` must be an item id.');
+  const limit = limitParam(req, 20, 100);
+  const order = orderParam(req);
+  const after = idParam(req, 'after');
   const row = await found(deps, res, id, true);
   const body = storedBody(row);
   let items = body ? inputItems(body, row.id) : [];
   if (order === 'desc') items = items.reverse();
-  if (after !== undefined) {
+  if (after !== null) {
     const at = items.findIndex((item) => item.id === after);
     if (at === -1) throw new ServiceError('bad_request', `No input item ${JSON.stringify(after.slice(0, 100))} in this response.`);
     items = items.slice(at + 1);
   }
-  const page = items.slice(0, limit);
-  sendJson(res, JSON.stringify({
-    object: 'list', data: page, first_id: (page[0]?.id as string | undefined) ?? null, last_id: (page.at(-1)?.id as string | undefined) ?? null, has_more: items.length > limit,
-  }));
+  sendJson(res, openaiList(items, limit));
 }
 
 /** The routes beside POST /responses (docs/api.md "Background responses"). */
