@@ -1,6 +1,8 @@
 // Answers to callers: a settled request's stored answer, the live answer of a streaming
 // submission (docs/api.md "Streams") and the replay by id with `id:` lines and
-// Last-Event-ID resume (docs/api.md "Replay"). All of them read the request through watch().
+// Last-Event-ID resume (docs/api.md "Replay"); a background response's resume by
+// `starting_after` is the same writer through a view of its own (src/http/service/background.ts).
+// All of them read the request through watch().
 import type { Request, Response } from 'express';
 import type { BaseDeps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
@@ -287,24 +289,25 @@ export async function readStream(
  */
 async function writeEvents(
   res: Response,
-  events: AsyncIterable<WatchEvent>,
+  events: AsyncGenerator<WatchEvent>,
   opts: { ids: boolean; keepAliveMs: number; left: AbortSignal; view: StreamView; first?: Frames },
 ): Promise<void> {
   const { view } = opts;
   // Monotonic, so a keep-alive due at every tick (keepAliveMs 0) is sent at every tick.
   let lastWrite = performance.now();
+  // The event the stream ends with, once one is known.
   let last: string | null = null;
-  const sendViewed = async (batch: Frames): Promise<string | null> => {
-    const stop = view.frame ? keep(batch, view.frame) : null;
-    await sendFrames(res, batch, opts.ids);
-    return stop;
-  };
-  if (opts.first) last = await sendViewed(opts.first);
-  if (last === null) {
+  if (opts.first) {
+    last = view.frame ? keep(opts.first, view.frame) : null;
+    await sendFrames(res, opts.first, opts.ids);
+  }
+  if (last !== null) await events.return(undefined);
+  else {
     for await (const ev of events) {
       if (ev.type === 'frames') {
         lastWrite = performance.now();
-        last = await sendViewed(ev);
+        last = view.frame ? keep(ev, view.frame) : null;
+        await sendFrames(res, ev, opts.ids);
         if (last !== null) break;
       } else if (ev.type === 'idle') {
         if (performance.now() - lastWrite >= opts.keepAliveMs) {
