@@ -70,9 +70,13 @@ function renderResponse(row: ResponseRow, askedId: string): string {
   }
 }
 
+/** What a route reads of a response: the stored request body; a stream's final Response (to render it). */
+type Reading = { body: boolean; terminal: boolean };
+const RENDERED: Reading = { body: true, terminal: true };
+
 /** The request a response id names in the caller's namespace; 404 or 410 otherwise. */
-async function found(deps: Deps, res: Response, id: string, body: boolean): Promise<ResponseRow> {
-  const row = await readResponse(deps.pool, serviceAuthOf(res).namespaceId, id, { body });
+async function found(deps: Deps, res: Response, id: string, read: Reading): Promise<ResponseRow> {
+  const row = await readResponse(deps.pool, serviceAuthOf(res).namespaceId, id, read);
   if (!row || row.dialect !== 'responses') throw new ServiceError('not_found', `No response with id ${JSON.stringify(id.slice(0, 100))} in this namespace.`);
   if (row.expired) throw new ServiceError('record_expired', 'The response ran, but its stored body and answer were removed (deleted, or swept by retention).');
   return row;
@@ -80,7 +84,7 @@ async function found(deps: Deps, res: Response, id: string, body: boolean): Prom
 
 /** POST /responses with background and no stream: the Response as it stands, at once. */
 export async function answerBackground(deps: Deps, res: Response, accepted: AcceptedSubmission): Promise<void> {
-  const row = await found(deps, res, accepted.requestId, false);
+  const row = await found(deps, res, accepted.requestId, { body: false, terminal: true });
   sendJson(res, renderResponse(row, ownResponseId(accepted.requestId)));
 }
 
@@ -89,7 +93,8 @@ async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> 
   const streaming = req.query.stream === 'true';
   const startingAfter = countParam(req, 'starting_after');
   if (startingAfter !== null && !streaming) throw new ServiceError('bad_request', '`starting_after` needs `stream=true`.');
-  const row = await found(deps, res, id, !streaming);
+  // A stream read again needs neither: it is read from its frames.
+  const row = await found(deps, res, id, { body: !streaming, terminal: !streaming });
   if (!streaming) return sendJson(res, renderResponse(row, id));
   if (!row.streaming) throw new ServiceError('bad_request', 'This response was not created with `stream: true`; retrieve it without `stream`.');
   const resuming = () => resume(deps, res, row, startingAfter);
@@ -152,7 +157,7 @@ function positions(row: ResponseRow, startingAfter: number | null): StreamView {
 async function cancel(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
   const namespaceId = serviceAuthOf(res).namespaceId;
-  let row = await found(deps, res, id, true);
+  let row = await found(deps, res, id, RENDERED);
   // An ended response answers as it stands (the vendor's own answer for one that ended).
   if (!isTerminal(row.status)) {
     const done = await cancelRequest(deps.pool, namespaceId, row.id, { metering: deps.settings.current().metering_enabled, origin: deps.processId });
@@ -167,14 +172,14 @@ async function cancel(deps: Deps, req: Request, res: Response): Promise<void> {
         if (ev.type === 'end') break;
       }
     }
-    row = await found(deps, res, id, true);
+    row = await found(deps, res, id, RENDERED);
   }
   sendJson(res, renderResponse(row, id));
 }
 
 async function remove(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
-  const row = await found(deps, res, id, false);
+  const row = await found(deps, res, id, { body: false, terminal: false });
   if (!isTerminal(row.status)) throw new ServiceError('conflict', 'The response is still running: cancel it, or wait for it to end, before deleting it.');
   await sweepRecord(deps.pool, serviceAuthOf(res).namespaceId, row.id);
   sendJson(res, { id, object: 'response', deleted: true });
@@ -185,7 +190,7 @@ async function listInputItems(deps: Deps, req: Request, res: Response): Promise<
   const limit = limitParam(req, 20, 100);
   const order = orderParam(req);
   const after = idParam(req, 'after');
-  const row = await found(deps, res, id, true);
+  const row = await found(deps, res, id, { body: true, terminal: false });
   const body = storedBody(row);
   let items = body ? inputItems(body, row.id) : [];
   if (order === 'desc') items = items.reverse();
