@@ -1,6 +1,6 @@
 // Background responses (docs/api.md "Background responses"): the pure parts. Sarsen performs
 // the reference vendor's background mode itself, so the shapes here are the vendor's (its SDK's
-// Response, ResponseErrorEvent, ResponseItemList and error body), filled from what Sarsen stored.
+// Response, ResponseErrorEvent and ResponseItemList), filled from what Sarsen stored.
 import { parseCanonical, isJsonObject, stringifyCanonical, type JsonObject, type JsonValue } from './canonical-json.ts';
 import { topLevelValueSpan } from './json-span.ts';
 
@@ -155,14 +155,8 @@ export function errorEvent(code: string, message: string, sequenceNumber: number
   return `event: error\ndata: ${JSON.stringify({ type: 'error', code, message, param: null, sequence_number: sequenceNumber })}\n\n`;
 }
 
-/** The vendor's error body, keeping Sarsen's stable code in `code` (docs/api.md "Errors"). */
-export function vendorErrorBody(code: string, status: number, message: string): string {
-  const type = status === 401 ? 'authentication_error' : status === 403 ? 'permission_error' : status === 404 ? 'not_found_error' : status === 429 ? 'rate_limit_error' : status >= 500 ? 'server_error' : 'invalid_request_error';
-  return JSON.stringify({ error: { message, type, param: null, code } });
-}
-
 /** An input item as the vendor lists it: the stored item, a string input as one user message; each with an id. */
-export function inputItems(body: JsonObject, requestId: string): JsonObject[] {
+export function inputItems(body: JsonObject, requestId: string): (JsonObject & { id: string })[] {
   const input = body.input;
   const items: JsonValue[] = typeof input === 'string'
     ? [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: input }] }]
@@ -173,6 +167,6 @@ export function inputItems(body: JsonObject, requestId: string): JsonObject[] {
     if (typeof typed.content === 'string' && typed.type === 'message') typed.content = [{ type: typed.role === 'assistant' ? 'output_text' : 'input_text', text: typed.content }];
     if (typeof typed.id !== 'string') typed.id = `${requestId.replace(/^req_/, 'msg_')}_${i}`;
     if (typed.type === 'message' && !Object.hasOwn(typed, 'status')) typed.status = 'completed';
-    return typed;
+    return typed as JsonObject & { id: string };
   });
 }

@@ -1,7 +1,9 @@
 // The vendors' batch shapes (docs/api.md "Batches"), pure: OpenAI's Batch and its output and
-// error file lines, Anthropic's MessageBatch and its result lines, and Anthropic's error body.
-// A result line embeds the request's stored answer byte for byte (docs/api.md "Batches": only
-// line breaks a provider put between JSON tokens are dropped, so each result stays one line).
+// error file lines, Anthropic's MessageBatch and its result lines (in Anthropic's error body,
+// src/core/vendor-api.ts). A result line embeds the request's stored answer byte for byte
+// (docs/api.md "Batches": only line breaks a provider put between JSON tokens are dropped, so
+// each result stays one line).
+import { anthropicErrorBody } from './vendor-api.ts';
 
 /**
  * A line's state as read (src/db/batches.ts): its own while it never became a request (waiting,
@@ -159,25 +161,6 @@ export function openaiResultLine(batchId: string, l: EndedLine): string {
   const e = ownError(l);
   const response = e.status === null ? 'null' : `{"status_code":${e.status},"request_id":${JSON.stringify(l.request_id)},"body":${JSON.stringify({ error: { code: e.code, message: e.message } })}}`;
   return `{"id":${id},"custom_id":${customId},"response":${response},"error":${JSON.stringify({ code: e.code, message: e.message })}}\n`;
-}
-
-/** Anthropic's error type for an HTTP status (its error classes follow the status). */
-export function anthropicErrorType(status: number): string {
-  switch (status) {
-    case 400: case 413: case 415: case 422: return status === 413 ? 'request_too_large' : 'invalid_request_error';
-    case 401: return 'authentication_error';
-    case 402: return 'billing_error';
-    case 403: return 'permission_error';
-    case 404: case 410: return 'not_found_error';
-    case 429: return 'rate_limit_error';
-    case 529: return 'overloaded_error';
-    default: return status >= 500 ? 'api_error' : 'invalid_request_error';
-  }
-}
-
-/** Anthropic's error body; `code` is Sarsen's own code, beside the vendor's type. */
-export function anthropicErrorBody(code: string, status: number, message: string): string {
-  return JSON.stringify({ type: 'error', error: { type: anthropicErrorType(status), message, code } });
 }
 
 /** One line of an Anthropic results file. */

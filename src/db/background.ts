@@ -35,7 +35,7 @@ export type ResponseRow = {
   response_body: Buffer | null;
   /** The stored request body: while it runs, or when asked for. */
   body: string | null;
-  /** The last stored row of a succeeded stream's frames (its terminal event is in it). */
+  /** The last stored row of a succeeded stream's frames (its terminal event is in it), when asked for. */
   last_frames: Buffer | null;
   last_frame_lengths: number[] | null;
 };
@@ -63,15 +63,19 @@ const READ = prepared(
      LEFT JOIN sarsen.request_bodies b ON b.request_id = q.id
      LEFT JOIN LATERAL (
        SELECT c.frames, c.frame_lengths FROM sarsen.chunks c
-        WHERE c.request_id = q.id AND q.streaming AND q.status = 'succeeded'
+        WHERE $4 AND c.request_id = q.id AND q.streaming AND q.status = 'succeeded'
         ORDER BY c.last_seq DESC LIMIT 1
      ) last ON true
     WHERE q.id = coalesce((SELECT request_id FROM named), ${OWN_ID}) AND q.namespace_id = $2`,
 );
 
-/** The request a response id names in this namespace (Sarsen's id or a provider's), or null. */
-export async function readResponse(db: Db, namespaceId: string, id: string, opts: { body: boolean }): Promise<ResponseRow | null> {
-  const { rows } = await db.query<ResponseRow>(READ([id, namespaceId, opts.body]));
+/**
+ * The request a response id names in this namespace (Sarsen's id or a provider's), or null.
+ * `body`: the stored request body even once it ended; `terminal`: a succeeded stream's last row,
+ * which holds the final Response (as large as the whole answer), for those that show it.
+ */
+export async function readResponse(db: Db, namespaceId: string, id: string, opts: { body: boolean; terminal: boolean }): Promise<ResponseRow | null> {
+  const { rows } = await db.query<ResponseRow>(READ([id, namespaceId, opts.body, opts.terminal]));
   return rows[0] ?? null;
 }
 

@@ -1,6 +1,7 @@
 // The pure parts of background responses (src/core/background.ts, docs/api.md "Background responses").
 import { expect } from 'chai';
-import { upstreamBody, answerResponseId, frameResponseId, frameSequence, terminalResponse, inputItems, vendorErrorBody, errorEvent } from '../../src/core/background.ts';
+import { upstreamBody, answerResponseId, frameResponseId, frameSequence, terminalResponse, inputItems, errorEvent } from '../../src/core/background.ts';
+import { openaiErrorBody } from '../../src/core/vendor-api.ts';
 
 describe('background responses (pure)', () => {
   it('upstreamBody removes a top-level background, whatever its value, and nothing else', () => {
@@ -41,7 +42,7 @@ describe('background responses (pure)', () => {
   });
 
   it('writes the vendor\'s error body and error event', () => {
-    expect(JSON.parse(vendorErrorBody('not_found', 404, 'gone'))).to.deep.equal({ error: { message: 'gone', type: 'not_found_error', param: null, code: 'not_found' } });
+    expect(JSON.parse(openaiErrorBody('not_found', 404, 'gone'))).to.deep.equal({ error: { message: 'gone', type: 'not_found_error', param: null, code: 'not_found' } });
     expect(errorEvent('response_superseded', 'm', 7)).to.equal('event: error\ndata: {"type":"error","code":"response_superseded","message":"m","param":null,"sequence_number":7}\n\n');
   });
 });

@@ -7,6 +7,7 @@ import { serviceAuth, serviceAuthOf } from '../service-auth.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { encodeCursor, decodeCursor } from '../../core/cursor.ts';
 import { parseListingFilter, cursorScope } from '../../core/listing-filter.ts';
+import { parseLimit as parseVendorLimit } from '../../core/vendor-api.ts';
 import { listRequests, findListingRow, namespaceTotals, usageByKey, type ListingRow } from '../../db/accounting.ts';
 import { rateWindows, type RateWindow } from '../../db/rate-limits.ts';
 import { batchStorage } from '../../db/files.ts';
@@ -62,15 +63,8 @@ function param(req: Request, name: string): string | undefined {
   return v;
 }
 
-/** `limit`: 1 to 200, default 50; anything else is refused, never clamped. */
-export function parseLimit(value: string | undefined): number {
-  if (value === undefined) return DEFAULT_LIMIT;
-  const n = /^\d{1,4}$/.test(value) ? Number(value) : NaN;
-  if (!Number.isInteger(n) || n < 1 || n > MAX_LIMIT) {
-    throw new ServiceError('bad_request', `\`limit\` must be an integer from 1 to ${MAX_LIMIT}.`);
-  }
-  return n;
-}
+/** `limit` of Sarsen's own listings: 1 to 200, default 50. */
+export const parseLimit = (value: string | undefined): number => parseVendorLimit(value, DEFAULT_LIMIT, MAX_LIMIT);
 
 /**
  * Where a namespace's routes live and who may call them: the service routes (an API key with

@@ -8,6 +8,7 @@ import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
 import { parseCanonical, isJsonObject, type JsonObject } from '../../core/canonical-json.ts';
 import { idTime } from '../../core/ids.ts';
+import { openaiList } from '../../core/vendor-api.ts';
 import {
   responseObject, responseError, terminalResponse, errorEvent, inputItems, frameSequence, ownResponseId, type ResponseStatus,
 } from '../../core/background.ts';
@@ -16,16 +17,14 @@ import { sweepRecord } from '../../db/retention.ts';
 import { cancelRequest } from '../../db/cancel.ts';
 import { isTerminal, requestTraceParent } from '../../db/requests.ts';
 import { watch } from './watch.ts';
-import { callerLeft, send } from './streams.ts';
+import { callerLeft, readStream, type StreamView } from './streams.ts';
 import { serviceAuthOf } from '../service-auth.ts';
 import type { AcceptedSubmission } from './submit.ts';
 import { trackStream } from '../../metrics/metrics.ts';
-import { vendorRoute } from './vendor-routes.ts';
+import { vendorRoute, sendJson, limitParam, orderParam, idParam, countParam } from './vendor-routes.ts';
 import { tracer } from '../../telemetry/tracing.ts';
 import { traceReplay } from '../../telemetry/spans.ts';
 
-const KEEP_ALIVE_MS = 15_000;
-const SSE_HEADERS = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' };
 // How long a cancel waits for the running attempt to stop, so it can answer `cancelled`.
 const CANCEL_WAIT_MS = 10_000;
 const SUPERSEDED_MESSAGE =
@@ -71,38 +70,31 @@ function renderResponse(row: ResponseRow, askedId: string): string {
   }
 }
 
+/** What a route reads of a response: the stored request body; a stream's final Response (to render it). */
+type Reading = { body: boolean; terminal: boolean };
+const RENDERED: Reading = { body: true, terminal: true };
+
 /** The request a response id names in the caller's namespace; 404 or 410 otherwise. */
-async function found(deps: Deps, res: Response, id: string, body: boolean): Promise<ResponseRow> {
-  const row = await readResponse(deps.pool, serviceAuthOf(res).namespaceId, id, { body });
+async function found(deps: Deps, res: Response, id: string, read: Reading): Promise<ResponseRow> {
+  const row = await readResponse(deps.pool, serviceAuthOf(res).namespaceId, id, read);
   if (!row || row.dialect !== 'responses') throw new ServiceError('not_found', `No response with id ${JSON.stringify(id.slice(0, 100))} in this namespace.`);
   if (row.expired) throw new ServiceError('record_expired', 'The response ran, but its stored body and answer were removed (deleted, or swept by retention).');
   return row;
 }
 
-const sendJson = (res: Response, text: string): void => {
-  res.status(200).set('content-type', 'application/json').send(text);
-};
-
 /** POST /responses with background and no stream: the Response as it stands, at once. */
 export async function answerBackground(deps: Deps, res: Response, accepted: AcceptedSubmission): Promise<void> {
-  const row = await found(deps, res, accepted.requestId, false);
+  const row = await found(deps, res, accepted.requestId, { body: false, terminal: true });
   sendJson(res, renderResponse(row, ownResponseId(accepted.requestId)));
-}
-
-/** A non-negative integer query parameter, or null when absent. */
-function integerParam(req: Request, name: string): number | null {
-  const v = req.query[name];
-  if (v === undefined) return null;
-  if (typeof v !== 'string' || !/^\d{1,15}$/.test(v)) throw new ServiceError('bad_request', `\`${name}\` must be a non-negative integer.`);
-  return Number(v);
 }
 
 async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
   const streaming = req.query.stream === 'true';
-  const startingAfter = integerParam(req, 'starting_after');
+  const startingAfter = countParam(req, 'starting_after');
   if (startingAfter !== null && !streaming) throw new ServiceError('bad_request', '`starting_after` needs `stream=true`.');
-  const row = await found(deps, res, id, !streaming);
+  // A stream read again needs neither: it is read from its frames.
+  const row = await found(deps, res, id, { body: !streaming, terminal: !streaming });
   if (!streaming) return sendJson(res, renderResponse(row, id));
   if (!row.streaming) throw new ServiceError('bad_request', 'This response was not created with `stream: true`; retrieve it without `stream`.');
   const resuming = () => resume(deps, res, row, startingAfter);
@@ -117,76 +109,55 @@ async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> 
  * numbers none, the event's place in its attempt counted from 0. A position is one attempt's:
  * when that attempt was discarded, the reader gets the dialect's `error` event instead.
  */
-async function resume(deps: Deps, res: Response, row: ResponseRow, startingAfter: number | null): Promise<void> {
-  const left = callerLeft(res);
-  res.writeHead(200, SSE_HEADERS);
-  res.flushHeaders();
+function resume(deps: Deps, res: Response, row: ResponseRow, startingAfter: number | null): Promise<void> {
+  const request = { id: row.id, namespaceId: serviceAuthOf(res).namespaceId, streaming: true };
+  return readStream(deps, res, request, { view: positions(row, startingAfter) });
+}
+
+/** The reading of a Responses stream by position: the events after `startingAfter`, of the attempt the reader followed. */
+function positions(row: ResponseRow, startingAfter: number | null): StreamView {
   // The attempt the reader followed: the provider's id names it; Sarsen's id cannot tell once an
   // earlier attempt's events were discarded.
-  let expected: number | null = null;
-  if (startingAfter !== null) {
-    const discarded = row.named_attempt !== null
-      ? row.named_attempt !== row.attempts || row.status === 'pending'
-      : (row.stream_first_seq ?? 1) > 1;
-    if (discarded) return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, startingAfter + 1));
-    expected = row.named_attempt;
-  }
+  let expected = startingAfter !== null ? row.named_attempt : null;
   let firstSeq = 0;
   let skipping = startingAfter !== null;
   let last = startingAfter ?? -1;
-  let lastWrite = performance.now();
-  const request = { id: row.id, namespaceId: serviceAuthOf(res).namespaceId, streaming: true };
-  for await (const ev of watch(deps, request, { afterSeq: 0, idleMs: KEEP_ALIVE_MS, signal: left })) {
-    if (ev.type === 'frames') {
-      const frames = ev.frames;
-      for (const f of frames) {
-        if (expected === null || firstSeq === 0) {
-          expected ??= f.attempt;
-          firstSeq = f.seq;
-        }
-        if (f.attempt !== expected) return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1));
-        const text = typeof f.frame === 'string' ? f.frame : f.frame.toString('latin1');
-        const position = frameSequence(text) ?? f.seq - firstSeq;
-        if (skipping && position <= startingAfter!) continue;
-        skipping = false;
-        last = position;
-        await send(res, typeof f.frame === 'string' ? Buffer.from(f.frame, 'latin1') : f.frame);
+  const superseded = () => errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1);
+  return {
+    start() {
+      if (startingAfter === null) return null;
+      const discarded = row.named_attempt !== null
+        ? row.named_attempt !== row.attempts || row.status === 'pending'
+        : (row.stream_first_seq ?? 1) > 1;
+      return discarded ? superseded() : null;
+    },
+    frame(f) {
+      if (expected === null || firstSeq === 0) {
+        expected ??= f.attempt;
+        firstSeq = f.seq;
       }
-      lastWrite = performance.now();
-    } else if (ev.type === 'idle') {
-      if (performance.now() - lastWrite >= KEEP_ALIVE_MS) {
-        lastWrite = performance.now();
-        await send(res, ': keep-alive\n\n');
-      }
-    } else if (ev.type === 'superseded') {
-      return end(res, left, errorEvent('response_superseded', SUPERSEDED_MESSAGE, last + 1));
-    } else {
+      if (f.attempt !== expected) return superseded();
+      const position = frameSequence(typeof f.frame === 'string' ? f.frame : f.frame.toString('latin1')) ?? f.seq - firstSeq;
+      if (skipping && position <= startingAfter!) return false;
+      skipping = false;
+      last = position;
+      return true;
+    },
+    superseded,
+    end(answer) {
       // The provider's own failure events are frames; what ends here failed on Sarsen's side
       // (a transport failure, a cancel): told as the dialect's error event.
-      if (ev.answer.status === 'failed') {
-        const body = Buffer.isBuffer(ev.answer.body) ? ev.answer.body : Buffer.alloc(0);
-        const error = responseError(body, ev.answer.errorStatus);
-        return end(res, left, errorEvent(error.code, error.message, last + 1));
-      }
-      break;
-    }
-  }
-  end(res, left);
-}
-
-function end(res: Response, left: AbortSignal, last?: string): void {
-  if (left.aborted) {
-    res.destroy();
-    return;
-  }
-  if (last !== undefined) res.write(last);
-  res.end();
+      if (answer.status !== 'failed') return null;
+      const error = responseError(Buffer.isBuffer(answer.body) ? answer.body : Buffer.alloc(0), answer.errorStatus);
+      return errorEvent(error.code, error.message, last + 1);
+    },
+  };
 }
 
 async function cancel(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
   const namespaceId = serviceAuthOf(res).namespaceId;
-  let row = await found(deps, res, id, true);
+  let row = await found(deps, res, id, RENDERED);
   // An ended response answers as it stands (the vendor's own answer for one that ended).
   if (!isTerminal(row.status)) {
     const done = await cancelRequest(deps.pool, namespaceId, row.id, { metering: deps.settings.current().metering_enabled, origin: deps.processId });
@@ -201,40 +172,34 @@ async function cancel(deps: Deps, req: Request, res: Response): Promise<void> {
         if (ev.type === 'end') break;
       }
     }
-    row = await found(deps, res, id, true);
+    row = await found(deps, res, id, RENDERED);
   }
   sendJson(res, renderResponse(row, id));
 }
 
 async function remove(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
-  const row = await found(deps, res, id, false);
+  const row = await found(deps, res, id, { body: false, terminal: false });
   if (!isTerminal(row.status)) throw new ServiceError('conflict', 'The response is still running: cancel it, or wait for it to end, before deleting it.');
   await sweepRecord(deps.pool, serviceAuthOf(res).namespaceId, row.id);
-  sendJson(res, JSON.stringify({ id, object: 'response', deleted: true }));
+  sendJson(res, { id, object: 'response', deleted: true });
 }
 
 async function listInputItems(deps: Deps, req: Request, res: Response): Promise<void> {
   const id = String(req.params.id);
-  const limit = integerParam(req, 'limit') ?? 20;
-  if (limit < 1 || limit > 100) throw new ServiceError('bad_request', '`limit` must be between 1 and 100.');
-  const order = req.query.order ?? 'desc';
-  if (order !== 'asc' && order !== 'desc') throw new ServiceError('bad_request', '`order` must be `asc` or `desc`.');
-  const after = req.query.after;
-  if (after !== undefined && typeof after !== 'string') throw new ServiceError('bad_request', '`after` must be an item id.');
-  const row = await found(deps, res, id, true);
+  const limit = limitParam(req, 20, 100);
+  const order = orderParam(req);
+  const after = idParam(req, 'after');
+  const row = await found(deps, res, id, { body: true, terminal: false });
   const body = storedBody(row);
   let items = body ? inputItems(body, row.id) : [];
   if (order === 'desc') items = items.reverse();
-  if (after !== undefined) {
+  if (after !== null) {
     const at = items.findIndex((item) => item.id === after);
     if (at === -1) throw new ServiceError('bad_request', `No input item ${JSON.stringify(after.slice(0, 100))} in this response.`);
     items = items.slice(at + 1);
   }
-  const page = items.slice(0, limit);
-  sendJson(res, JSON.stringify({
-    object: 'list', data: page, first_id: (page[0]?.id as string | undefined) ?? null, last_id: (page.at(-1)?.id as string | undefined) ?? null, has_more: items.length > limit,
-  }));
+  sendJson(res, openaiList(items, limit));
 }
 
 /** The routes beside POST /responses (docs/api.md "Background responses"). */

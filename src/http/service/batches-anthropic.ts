@@ -6,15 +6,15 @@
 import type { Request, Response, Router, RequestHandler } from 'express';
 import type { Deps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
-import { anthropicBatch, anthropicErrorBody, anthropicResultLine } from '../../core/batch-shapes.ts';
+import { anthropicBatch, anthropicResultLine } from '../../core/batch-shapes.ts';
+import { anthropicErrorBody, anthropicList } from '../../core/vendor-api.ts';
 import { lineBody, type CheckedLine } from '../../core/batch-lines.ts';
 import { parseCanonical, isJsonObject, CanonicalJsonError, type JsonValue } from '../../core/canonical-json.ts';
 import { newId } from '../../core/ids.ts';
 import { readBody, decodeUtf8, MAX_SUBMISSION_BYTES } from '../body.ts';
 import { listBatches, cancelBatch, deleteBatch, resultPage, type BatchView } from '../../db/batches.ts';
 import { serviceAuthOf } from '../service-auth.ts';
-import { vendorRoute, sendJson, limitParam, idParam } from './vendor-routes.ts';
-import { acceptBatch, foundBatch } from './batches.ts';
+import { vendorRoute, sendJson, limitParam, idParam, acceptBatch, foundBatch } from './vendor-routes.ts';
 import { send } from './streams.ts';
 
 const RESULT_PAGE = 500;
@@ -82,8 +82,7 @@ async function list(deps: Deps, req: Request, res: Response): Promise<void> {
   const before = idParam(req, 'before_id');
   const rows = await listBatches(deps.pool, serviceAuthOf(res).namespaceId, 'anthropic', { after, before, limit: limit + 1 });
   // Newest first; a page before `before_id` is the newer ones nearest to it.
-  const page = before !== null && rows.length > limit ? rows.slice(rows.length - limit) : rows.slice(0, limit);
-  sendJson(res, { data: page.map((b) => view(req, b)), has_more: rows.length > limit, first_id: page[0]?.id ?? null, last_id: page.at(-1)?.id ?? null });
+  sendJson(res, anthropicList(rows, limit, (b) => view(req, b), before !== null));
 }
 
 async function cancel(deps: Deps, req: Request, res: Response): Promise<void> {

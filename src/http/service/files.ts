@@ -9,12 +9,13 @@ import { ServiceError } from '../../core/errors.ts';
 import { createMultipartReader, multipartBoundary, MultipartError } from '../../core/batch-multipart.ts';
 import { openaiResultLine, openaiFileOf } from '../../core/batch-shapes.ts';
 import { newId } from '../../core/ids.ts';
+import { openaiList } from '../../core/vendor-api.ts';
 import { withTransaction } from '../../db/pool.ts';
 import { startFile, addFilePiece, finishFile, readFilePiece, findFile, listFiles, deleteFile, type FileRow } from '../../db/files.ts';
 import { resultPages } from '../../db/batches.ts';
 import { serviceAuthOf } from '../service-auth.ts';
 import { send } from './streams.ts';
-import { vendorRoute, sendJson, limitParam, idParam } from './vendor-routes.ts';
+import { vendorRoute, sendJson, limitParam, idParam, orderParam } from './vendor-routes.ts';
 
 const PIECE_BYTES = 1024 * 1024;
 const MAX_FIELD_BYTES = 256;
@@ -116,12 +117,9 @@ async function retrieve(deps: Deps, req: Request, res: Response): Promise<void> 
 
 async function list(deps: Deps, req: Request, res: Response): Promise<void> {
   const limit = limitParam(req, 10_000, 10_000);
-  const order = req.query.order ?? 'desc';
-  if (order !== 'asc' && order !== 'desc') throw new ServiceError('bad_request', '`order` must be `asc` or `desc`.');
   const purpose = idParam(req, 'purpose');
-  const rows = await listFiles(deps.pool, serviceAuthOf(res).namespaceId, { after: idParam(req, 'after'), limit: limit + 1, order, purpose });
-  const page = rows.slice(0, limit);
-  sendJson(res, { object: 'list', data: page.map(fileObject), first_id: page[0]?.id ?? null, last_id: page.at(-1)?.id ?? null, has_more: rows.length > limit });
+  const rows = await listFiles(deps.pool, serviceAuthOf(res).namespaceId, { after: idParam(req, 'after'), limit: limit + 1, order: orderParam(req), purpose });
+  sendJson(res, openaiList(rows, limit, fileObject));
 }
 
 /** An input file's bytes as uploaded; an output or error file's lines, built from the lines and their stored answers. */

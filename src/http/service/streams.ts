@@ -1,6 +1,8 @@
 // Answers to callers: a settled request's stored answer, the live answer of a streaming
 // submission (docs/api.md "Streams") and the replay by id with `id:` lines and
-// Last-Event-ID resume (docs/api.md "Replay"). All of them read the request through watch().
+// Last-Event-ID resume (docs/api.md "Replay"); a background response's resume by
+// `starting_after` is the same writer through a view of its own (src/http/service/background.ts).
+// All of them read the request through watch().
 import type { Request, Response } from 'express';
 import type { BaseDeps } from '../../deps.ts';
 import { ServiceError } from '../../core/errors.ts';
@@ -185,7 +187,7 @@ export async function liveStream(deps: BaseDeps, res: Response, request: Watched
     case 'frames':
       // The first frame's sequence number: a client resuming by id counts on from it (docs/clients.md).
       res.writeHead(200, { ...SSE_HEADERS, 'x-sarsen-first-seq': String(first.first.frames[0]!.seq) });
-      return writeEvents(res, first.rest, { ids: false, keepAliveMs: KEEP_ALIVE_MS, left, first: first.first });
+      return writeEvents(res, first.rest, { ids: false, keepAliveMs: KEEP_ALIVE_MS, left, view: SARSEN, first: first.first });
   }
 }
 
@@ -232,48 +234,120 @@ export async function replay(deps: BaseDeps, req: Request, res: Response, reques
     if (!/^\d{1,9}$/.test(String(lastEventId).trim())) throw new ServiceError('bad_request', 'Last-Event-ID must be a sequence number.');
     afterSeq = Number(String(lastEventId).trim());
   }
-  const left = callerLeft(res);
-  res.writeHead(200, SSE_HEADERS);
-  res.flushHeaders(); // a replay of a pending request shows its 200 at once, before any frame
-  // Its watch ticks at the keep-alive interval: every tick is a keep-alive.
-  const events = watch(deps, request, { afterSeq, idleMs: keepAliveMs, signal: left });
-  await writeEvents(res, events, { ids: true, keepAliveMs: 0, left });
+  await readStream(deps, res, request, { afterSeq, ids: true, keepAliveMs });
 }
 
 /**
- * Writes a watch's events to an open event stream until the watch ends: frames (behind `id:`
- * lines in a replay), a keep-alive on an idle tick once nothing was written for `keepAliveMs`,
- * and at the end a `failed` event when the request failed or its attempt was superseded.
- * `first`: frames already taken from the watch, written before the rest.
+ * How a stream read by id is told: which of its frames the reader gets, and what ends it. Sarsen's
+ * own (SARSEN) sends every frame; a vendor's resume (a background response's `starting_after`,
+ * docs/api.md "Background responses") reads positions of its own. Every string answered is the
+ * event the stream ends with.
+ */
+export type StreamView = {
+  /** Before anything is read: the event that ends the stream at once (the reader's position is gone), or null. */
+  start?(): string | null;
+  /** Per frame, in order: send it (true), pass over it (false), or end the stream before it with an event. Absent: all are sent. */
+  frame?(f: ChunkRow): boolean | string;
+  /** The attempt whose frames were sent was discarded. */
+  superseded(): string;
+  /** The request ended with `answer`: the event to end with, or null. */
+  end(answer: StoredAnswer): string | null | Promise<string | null>;
+};
+
+const SARSEN: StreamView = {
+  superseded: () => SUPERSEDED_EVENT,
+  end: (answer) => (answer.status === 'failed' ? failedEvent(answer) : null),
+};
+
+/**
+ * A request's stream read by id: `200 text/event-stream` at once (a pending request's shows
+ * before any frame), its stored frames after `afterSeq`, then the live tail until it ends.
+ * `ids`: `id: <seq>` lines before the frames (Sarsen's replay).
+ */
+export async function readStream(
+  deps: BaseDeps,
+  res: Response,
+  request: Watched,
+  opts: { afterSeq?: number; ids?: boolean; view?: StreamView; keepAliveMs?: number },
+): Promise<void> {
+  const left = callerLeft(res);
+  res.writeHead(200, SSE_HEADERS);
+  res.flushHeaders();
+  const view = opts.view ?? SARSEN;
+  const opening = view.start?.() ?? null;
+  if (opening !== null) return finish(res, left, opening);
+  // Its watch ticks at the keep-alive interval: every tick is a keep-alive.
+  const events = watch(deps, request, { afterSeq: opts.afterSeq ?? 0, idleMs: opts.keepAliveMs ?? KEEP_ALIVE_MS, signal: left });
+  await writeEvents(res, events, { ids: opts.ids ?? false, keepAliveMs: 0, left, view });
+}
+
+/**
+ * Writes a watch's events to an open event stream until the watch ends: the frames the view
+ * keeps (behind `id:` lines in a replay), a keep-alive on an idle tick once nothing was written
+ * for `keepAliveMs`, and at the end the view's event (Sarsen's: a `failed` event when the
+ * request failed or its attempt was superseded). `first`: frames already taken from the watch,
+ * written before the rest.
  */
 async function writeEvents(
   res: Response,
-  events: AsyncIterable<WatchEvent>,
-  opts: { ids: boolean; keepAliveMs: number; left: AbortSignal; first?: Frames },
+  events: AsyncGenerator<WatchEvent>,
+  opts: { ids: boolean; keepAliveMs: number; left: AbortSignal; view: StreamView; first?: Frames },
 ): Promise<void> {
+  const { view } = opts;
   // Monotonic, so a keep-alive due at every tick (keepAliveMs 0) is sent at every tick.
   let lastWrite = performance.now();
-  if (opts.first) await sendFrames(res, opts.first, opts.ids);
-  for await (const ev of events) {
-    if (ev.type === 'frames') {
-      lastWrite = performance.now();
-      await sendFrames(res, ev, opts.ids);
-    } else if (ev.type === 'idle') {
-      if (performance.now() - lastWrite >= opts.keepAliveMs) {
+  // The event the stream ends with, once one is known.
+  let last: string | null = null;
+  if (opts.first) {
+    last = view.frame ? keep(opts.first, view.frame) : null;
+    await sendFrames(res, opts.first, opts.ids);
+  }
+  if (last !== null) await events.return(undefined);
+  else {
+    for await (const ev of events) {
+      if (ev.type === 'frames') {
         lastWrite = performance.now();
-        await send(res, KEEP_ALIVE);
+        last = view.frame ? keep(ev, view.frame) : null;
+        await sendFrames(res, ev, opts.ids);
+        if (last !== null) break;
+      } else if (ev.type === 'idle') {
+        if (performance.now() - lastWrite >= opts.keepAliveMs) {
+          lastWrite = performance.now();
+          await send(res, KEEP_ALIVE);
+        }
+      } else {
+        last = ev.type === 'superseded' ? view.superseded() : await view.end(ev.answer);
+        break;
       }
-    } else {
-      if (ev.type === 'superseded') await send(res, SUPERSEDED_EVENT);
-      else if (ev.answer.status === 'failed') await send(res, await failedEvent(ev.answer));
-      break;
     }
   }
-  finish(res, opts.left);
+  finish(res, opts.left, last);
 }
 
-/** Ends the response, or drops the connection of a caller that left (the execution goes on). */
-function finish(res: Response, left: AbortSignal): void {
+/**
+ * Leaves in `batch` the frames `frame` passes, in place: a page's array is the one its read's
+ * promises hold, and sendFrames empties it (see there). Answers the event that ends the stream
+ * before the first frame not passed, or null.
+ */
+function keep(batch: Frames, frame: (f: ChunkRow) => boolean | string): string | null {
+  const frames = batch.frames as ChunkRow[];
+  let kept = 0;
+  let stop: string | null = null;
+  for (const f of frames) {
+    const verdict = frame(f);
+    if (typeof verdict === 'string') {
+      stop = verdict;
+      break;
+    }
+    if (verdict) frames[kept++] = f;
+  }
+  if (kept < frames.length) frames.length = kept;
+  return stop;
+}
+
+/** Ends the response (after `last`, an event that ends the stream), or drops the connection of a caller that left (the execution goes on). */
+function finish(res: Response, left: AbortSignal, last: string | null = null): void {
   if (left.aborted) res.destroy();
+  else if (last !== null) res.end(last);
   else res.end();
 }
