@@ -236,14 +236,10 @@ class Call {
               return;
             }
           }
-          let read: ReadResult;
-          try {
-            read = await conn.read();
-          } catch (err) {
-            conn.drop();
+          const read = await this.readOrBreak(conn);
+          if (read === 'aborted') return controller.error(this.signal?.reason);
+          if (read === 'broke') {
             conn = null;
-            if (this.signal?.aborted) return controller.error(this.signal.reason);
-            this.lastBreak = err;
             continue;
           }
           if (read.done) {
@@ -282,6 +278,18 @@ class Call {
   }
 
   private lastBreak: unknown;
+
+  /** One read; a connection that breaks is dropped and its error kept for the give-up message. */
+  private async readOrBreak(conn: Connection): Promise<ReadResult | 'broke' | 'aborted'> {
+    try {
+      return await conn.read();
+    } catch (err) {
+      conn.drop();
+      if (this.signal?.aborted) return 'aborted';
+      this.lastBreak = err;
+      return 'broke';
+    }
+  }
 
   /** The stream again from after `afterSeq`, by id, waiting and retrying as the rules say. */
   private async reopen(afterSeq: number, attempt: number): Promise<Connection> {
@@ -352,14 +360,10 @@ class Call {
               continue;
             }
           }
-          let read: ReadResult;
-          try {
-            read = await conn.read();
-          } catch (err) {
-            conn.drop();
+          const read = await this.readOrBreak(conn);
+          if (read === 'aborted') return controller.error(this.signal?.reason);
+          if (read === 'broke') {
             conn = null;
-            if (this.signal?.aborted) return controller.error(this.signal.reason);
-            this.lastBreak = err;
             continue;
           }
           if (read.done) return controller.close();

@@ -27,20 +27,6 @@ type RoutingDeps = Pick<BaseDeps, 'pool' | 'bus'>;
 
 const caches = new WeakMap<BaseDeps['bus'], RoutingCache>();
 
-function toRule(entry: RoutingEntry): Rule {
-  const r = entry.rule;
-  return {
-    rule_id: r.id,
-    model: r.model,
-    backend_id: r.backend_id,
-    fallback_backend_ids: r.fallback_backend_ids,
-    rewrite_model: r.rewrite_model,
-    priority: r.priority,
-    action: r.action,
-    created_at: r.created_at,
-  };
-}
-
 function compile(entries: RoutingEntry[]): Compiled {
   const backends = new Map<string, BackendForCall>();
   const rules: Rule[] = [];
@@ -48,12 +34,12 @@ function compile(entries: RoutingEntry[]): Compiled {
     if (e.rule.action === 'route') {
       // The foreign key makes this impossible; a rule without its backend must not match.
       if (e.backend === null) {
-        logger.error('routing rule without its backend; ignored', { rule_id: e.rule.id });
+        logger.error('routing rule without its backend; ignored', { rule_id: e.rule.rule_id });
         continue;
       }
       backends.set(e.backend.backend_id, e.backend);
     }
-    rules.push(toRule(e));
+    rules.push(e.rule);
   }
   return { match: compileRules(rules), backends };
 }

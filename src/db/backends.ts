@@ -38,16 +38,7 @@ const CALL_COLUMNS = `id AS backend_id, namespace_id, kind, dialect, address, cr
 
 export async function insertBackend(
   db: Db,
-  b: {
-    id: string;
-    namespace_id: string;
-    name: string;
-    kind: BackendKind;
-    dialect: Dialect;
-    address: string;
-    credential_sealed: Buffer | null;
-    credential_source: CredentialSource;
-  },
+  b: Omit<BackendRow, 'has_credential' | 'created_at'> & { credential_sealed: Buffer | null },
 ): Promise<BackendRow> {
   const { rows } = await db.query<BackendRow>(
     `INSERT INTO sarsen.backends (id, namespace_id, name, kind, dialect, address, credential_sealed, credential_source)

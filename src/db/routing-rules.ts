@@ -1,7 +1,7 @@
 // Routing rules: all of their SQL.
 import type { Db } from './tenancies.ts';
 import type { BackendForCall, BackendKind, CredentialSource, Dialect } from './backends.ts';
-import type { RuleAction } from '../core/routing.ts';
+import type { Rule, RuleAction } from '../core/routing.ts';
 
 export type RuleRow = {
   id: string;
@@ -76,12 +76,13 @@ export async function rulesUsingBackend(db: Db, backendId: string): Promise<Rule
   return rows;
 }
 
-export type RoutingEntry = { rule: RuleRow; backend: BackendForCall | null };
+export type RoutingEntry = { rule: Rule; backend: BackendForCall | null };
 
-/** A namespace's rules with the backends they route to, in one consistent read. */
+/** A namespace's rules, in the shape routing matches them, with the backends they route to, in one consistent read. */
 export async function loadRouting(db: Db, namespaceId: string): Promise<RoutingEntry[]> {
   const { rows } = await db.query<
-    RuleRow & {
+    Rule & {
+      namespace_id: string;
       b_id: string | null;
       b_kind: BackendKind | null;
       b_dialect: Dialect | null;
@@ -90,36 +91,26 @@ export async function loadRouting(db: Db, namespaceId: string): Promise<RoutingE
       b_credential_sealed: Buffer | null;
     }
   >(
-    `SELECT r.id, r.namespace_id, r.model, r.backend_id, r.fallback_backend_ids, r.rewrite_model, r.priority, r.action, r.created_at,
+    `SELECT r.id AS rule_id, r.namespace_id, r.model, r.backend_id, r.fallback_backend_ids, r.rewrite_model, r.priority, r.action, r.created_at,
             b.id AS b_id, b.kind AS b_kind, b.dialect AS b_dialect, b.address AS b_address,
             b.credential_source AS b_credential_source, b.credential_sealed AS b_credential_sealed
        FROM sarsen.routing_rules r LEFT JOIN sarsen.backends b ON b.id = r.backend_id
       WHERE r.namespace_id = $1`,
     [namespaceId],
   );
-  return rows.map((r) => ({
-    rule: {
-      id: r.id,
-      namespace_id: r.namespace_id,
-      model: r.model,
-      backend_id: r.backend_id,
-      fallback_backend_ids: r.fallback_backend_ids,
-      rewrite_model: r.rewrite_model,
-      priority: r.priority,
-      action: r.action,
-      created_at: r.created_at,
-    },
+  return rows.map(({ namespace_id, b_id, b_kind, b_dialect, b_address, b_credential_source, b_credential_sealed, ...rule }) => ({
+    rule,
     backend:
-      r.b_id === null
+      b_id === null
         ? null
         : {
-            backend_id: r.b_id,
-            namespace_id: r.namespace_id,
-            kind: r.b_kind!,
-            dialect: r.b_dialect!,
-            address: r.b_address!,
-            credential_source: r.b_credential_source!,
-            credential_sealed: r.b_credential_sealed,
+            backend_id: b_id,
+            namespace_id,
+            kind: b_kind!,
+            dialect: b_dialect!,
+            address: b_address!,
+            credential_source: b_credential_source!,
+            credential_sealed: b_credential_sealed,
           },
   }));
 }
