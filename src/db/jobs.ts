@@ -2,8 +2,9 @@
 // a new job replaces a pending one and retires a dead worker's locked one, and
 // `graphile_worker.jobs where key = 'req_…'` finds a request's pending work.
 //
-// A new request's job is inserted, and its backstop deleted, in graphile-worker's private table
-// directly: both are on the hot path, where add_jobs would cost more than the request's own rows.
+// A new request's job is inserted in graphile-worker's private table directly: it is on the hot
+// path, where add_jobs would cost more than the request's own rows. (A request run where it was
+// accepted has no job: its lease is what recovery goes by.)
 // The rest uses graphile-worker's public functions, but for retireJobsSql, staleLockedJobKeysSql
 // and ENSURE_TASK_SQL, which none of them does. test/integration/graphile-worker-conformance.test.ts
 // holds the direct reads and writes to graphile-worker's own, and fails when its schema moves past

@@ -1,10 +1,10 @@
 // Submission SQL (docs/api.md "What happens to a submission"; docs/durability.md "Group
 // commits"): one statement accepts a whole batch of submissions (a group commit). For each it
 // claims the body's identity or attaches to the live claim, and writes the request, its body, the
-// ledger entry, the counters and the graphile-worker job. Identical bodies inside one batch end
-// as one execution. A submission the accepting process will run itself is written already claimed
-// (running, attempt 1, its lease), so no job pickup sits between acceptance and the provider
-// call; its job is due when the lease ends, as the backstop should that process die. With
+// ledger entry, the counters and, for work another executor is to pick up, the graphile-worker
+// job. Identical bodies inside one batch end as one execution. A submission the accepting process will run itself is written already claimed
+// (running, attempt 1, its lease) and with no job, so no job pickup sits between acceptance and
+// the provider call; should that process die, the watcher recovers it by its lease. With
 // metering on, each submission is its own transaction: credit and spend caps are checked and
 // debited under row locks. A batch holding a key with limits, or a submission the response cache
 // applies to, runs a shape of the statement with those parts (rate-limits.ts, response-cache.ts);
@@ -170,9 +170,11 @@ function submitSql(shape: SubmitShape): string {
     { name: 'credential', sql: `INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1` },
     {
       name: 'job',
-      // Work another executor is to run is due now; work this process claimed is due when its
-      // lease ends, the backstop should this process die holding it.
-      sql: insertJobsSql(`SELECT id, CASE WHEN owner IS NULL THEN now() ELSE ${LEASE_END} END AS run_at FROM created`),
+      // Work another executor is to run, due now. Work this process claimed has none: should this
+      // process die or lose the database, the watcher re-dispatches it once its owner is found
+      // dead or its lease expired (docs/durability.md "Run where accepted"); a job would only be
+      // written for the terminal write to delete.
+      sql: insertJobsSql(`SELECT id, now() AS run_at FROM created WHERE owner IS NULL`),
     },
     { name: 'woken', sql: wakeWorkersSql(`(SELECT count(*) FROM created WHERE owner IS NULL)`) },
     {

@@ -1,9 +1,8 @@
 // Accepting and running in one process (issue 13): a process with the executor role claims what
 // it accepts in the submission statement and calls the provider at once, with no job pickup in
-// between; the request's graphile-worker job is still written in the same statement, due when
-// the lease ends, moved on while the attempt lives, and removed with the terminal write. What
-// finds no free slot waits as a job, and what the accepting process was running when it died
-// is run again by another executor.
+// between, and writes it no graphile-worker job: its lease, renewed while the attempt lives, is
+// what recovery goes by. What finds no free slot waits as a job, and what the accepting process
+// was running when it died is run again by another executor.
 import { expect } from 'chai';
 import { chatCompletionBody, startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
 import { startTestServer, type TestServer } from '../support/server.ts';
@@ -23,6 +22,12 @@ const jobOf = async (pool: pg.Pool, id: string, runAt: Date | null = null): Prom
        FROM graphile_worker.jobs WHERE key = $1`,
     [id, runAt],
   )).rows;
+// past: whether the database's clock has passed the end of the first lease (2 s in the test that reads it).
+const leaseOf = async (pool: pg.Pool, id: string): Promise<{ status: string; attempts: number; recoveries: number; lease_expires_at: Date; past: boolean }> =>
+  (await pool.query(
+    `SELECT status, attempts, recoveries, lease_expires_at, now() > started_at + interval '2 seconds' AS past FROM sarsen.requests WHERE id = $1`,
+    [id],
+  )).rows[0];
 const rowOf = async (pool: pg.Pool, id: string) =>
   (await pool.query(`SELECT status, attempts, recoveries, lease_owner FROM sarsen.requests WHERE id = $1`, [id])).rows[0];
 
@@ -66,27 +71,27 @@ describe('claimed at acceptance (role both)', function () {
       await server?.close();
     });
 
-    it('runs what it accepted at once, keeps its backstop job due past the lease while it runs, and removes it with the answer', async () => {
-      // The provider answers only once the test has seen the job moved on, so it cannot finish first.
+    it('runs what it accepted at once under its lease alone, with no job row, the heartbeat moving the lease on', async () => {
+      // The provider answers only once the test has seen the lease moved on, so it cannot finish first.
       let release!: () => void;
       const released = new Promise<void>((resolve) => (release = resolve));
       provider.enqueue({ kind: 'json', body: chatCompletionBody('a long answer'), after: released });
       const id = await submit(t, 'a long answer');
       await provider.waitForRequests(1);
-      // Claimed by the statement that accepted it: running under this process's lease.
+      // Claimed by the statement that accepted it: running under this process's lease, and no
+      // job written (the watcher recovers it by its lease should this process die).
       const running = await rowOf(server.pool, id);
       expect(running).to.include({ status: 'running', attempts: 1, recoveries: 0 });
       expect(running.lease_owner).to.match(/^wrk_/);
-      const [job] = await jobOf(server.pool, id);
-      expect(job).to.include({ task_identifier: 'execute_request', locked_at: null, attempts: 0 });
-      expect(job!.due_in_ms).to.be.within(0, 2000);
-      // Past the first lease's end the heartbeat has moved the job on: nobody ran it.
+      expect(await jobOf(server.pool, id)).to.deep.equal([]);
+      // Past the first lease's end the heartbeat has moved the lease on: nobody recovered it.
+      const first = await leaseOf(server.pool, id);
       const later = await until(async () => {
-        const [moved] = await jobOf(server.pool, id, job!.run_at);
-        return moved?.past_run_at && moved.run_at > job!.run_at ? moved : undefined;
+        const moved = await leaseOf(server.pool, id);
+        return moved.past && moved.lease_expires_at > first.lease_expires_at ? moved : undefined;
       });
-      expect(later).to.include({ locked_at: null, attempts: 0 });
-      expect(later.due_in_ms).to.be.above(0);
+      expect(later).to.include({ status: 'running', attempts: 1, recoveries: 0 });
+      expect(await jobOf(server.pool, id)).to.deep.equal([]);
       release();
       const done = await until(async () => ((await rowOf(server.pool, id)).status === 'succeeded' ? true : undefined), 15_000);
       expect(done).to.equal(true);
@@ -160,7 +165,8 @@ describe('claimed at acceptance (role both)', function () {
       await provider.waitForRequests(1);
       // No job pickup: the accepting process holds the lease it took at acceptance.
       expect(await rowOf(d.pool, id)).to.include({ status: 'running', attempts: 1, lease_owner: accepting.owner });
-      expect((await jobOf(d.pool, id))[0]).to.include({ locked_at: null });
+      expect(await jobOf(d.pool, id)).to.deep.equal([]);
+      // No job either: the watcher finds its owner dead and re-dispatches it.
       await accepting.kill('SIGKILL');
       await until(async () => ((await rowOf(d.pool, id)).status === 'succeeded' ? true : undefined), 30_000);
       expect(await rowOf(d.pool, id)).to.include({ attempts: 2, recoveries: 1, lease_owner: null });

@@ -70,7 +70,7 @@ WITH given AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
 ), job AS (
   INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
-    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, CASE WHEN owner IS NULL THEN now() ELSE now() + make_interval(secs => $23::double precision / 1000) END AS run_at FROM created) AS j
+    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
     RETURNING key, id
 ), woken AS (
   SELECT sarsen.wake_executors(n) FROM (SELECT (SELECT count(*) FROM created WHERE owner IS NULL) AS n) AS due WHERE n > 0
