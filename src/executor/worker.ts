@@ -85,11 +85,11 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
         unsubscribe();
         unReconnect();
         await Promise.all([sweeper.stop(), retention.stop(), fetcher.stop()]);
-        activity.close();
-        // No new jobs from here on; running attempts get the grace to finish.
+        // No new jobs from here on; running attempts get the grace to finish (and are announced meanwhile).
         const stopped = queue.stop();
         await attemptRunner.stop(graceMs);
         await stopped;
+        activity.close();
         await opts.liveness.leave(deps.pool).catch((err) => connectionFailed('could not unlist this executor; the watcher will', err));
         await Promise.all([upstream.close(), chunks.close(), workerPool.end()]);
       })()),
