@@ -207,7 +207,10 @@ export async function superviseQueue(start: (events: WorkerEvents) => Promise<Wo
   };
   const retire = async (queue: Launched) => {
     await queue.drained;
-    if ((await freeJobs(queue.lockers)) && queue.poolId) await listing.drop(queue.poolId);
+    const freed = await freeJobs(queue.lockers);
+    // Freed jobs are due at once, and nothing else announces them: the running pool fetches now.
+    if (freed) current?.nudge(queue.lockers.length);
+    if (freed && queue.poolId) await listing.drop(queue.poolId);
     launched.delete(queue);
   };
   /** Launches a pool, retrying until the database answers; null if the queue stops meanwhile. */
