@@ -68,7 +68,7 @@ export function createActivity(pool: Pool, bus: Bus): Activity {
         if (running > 0 || !ticker) return;
         clearInterval(ticker);
         ticker = null;
-        // The process was busy until now: the others' look stays quick for BUSY_FOR_MS from here.
+        // Busy for BUSY_FOR_MS more, as the others count it from their last news of this process.
         lastNews = performance.now();
       };
     },
