@@ -52,8 +52,9 @@ export type Sarsen = {
   failed: Promise<string>;
 };
 
-// How often a process checks that its schema is still there.
-const SCHEMA_CHECK_MS = 5_000;
+// How often a process checks that its schema is still there: a rare fault, found within a
+// restart's time, for one statement a process every so often (docs/scaling.md "An idle process").
+const SCHEMA_CHECK_MS = 30_000;
 
 export async function startSarsen(opts: SarsenOptions): Promise<Sarsen> {
   // One id names this process: the origin of the events it NOTIFYs, the owner of its leases

@@ -92,9 +92,9 @@ const LIVE_LINES = `SELECT l.batch_id FROM (
 
 // ---------- the dispatcher (src/executor/batch-dispatch.ts) ----------
 
-/** Whether any batch has not ended: the dispatcher's one statement while there is nothing to do. */
+/** Whether any batch has not ended: what the dispatcher asks when woken (a new batch's NOTIFY, a reconnect) or at its slow backstop pace. */
 export async function anyActiveBatch(db: Db): Promise<boolean> {
-  const { rows } = await db.query<{ active: boolean }>(`SELECT EXISTS (SELECT 1 FROM sarsen.batches WHERE ended_at IS NULL) AS active`);
+  const { rows } = await db.query<{ active: boolean }>({ name: 'any_active_batch', text: `SELECT EXISTS (SELECT 1 FROM sarsen.batches WHERE ended_at IS NULL) AS active` });
   return rows[0]!.active;
 }
 

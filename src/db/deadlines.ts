@@ -12,14 +12,16 @@
 // next callers open fresh ones instead of each meeting a dead one in turn.
 //
 // A connection that only LISTENs sends nothing, so nothing would ever time out on it: such a client
-// proves itself alive with a round trip every LISTENER_PING_MS that it has none in flight.
+// proves itself alive with a round trip of its own once per deadline (never more often than every
+// LISTENER_PING_MS) when it has had none meanwhile: a silent one is found within twice its
+// deadline, and an idle process costs its database one ping per LISTEN connection per deadline.
 import type pg from 'pg';
 import { logger } from '../log.ts';
 import { countDiscardedConnection } from '../metrics/metrics.ts';
 
 /** The default deadline of one round trip (the `database_deadline_ms` setting). */
 export const DEFAULT_DEADLINE_MS = 10_000;
-/** How often a LISTENing connection with no round trip in flight sends one of its own. */
+/** The shortest pause between a LISTENing connection's pings (its deadline, when longer, sets the pace). */
 export const LISTENER_PING_MS = 5_000;
 
 /**
@@ -69,12 +71,15 @@ export function withDeadlines(Base: typeof pg.Client, purpose: string, path: Dea
     inFlight = 0;
     discarded = false;
     pinger: NodeJS.Timeout | null = null;
+    // When a round trip on this connection last ended (performance.now()).
+    answeredAt = 0;
 
     constructor(config?: string | pg.ClientConfig) {
       super(config);
       this.once('end', () => {
         path.idle.delete(this);
-        if (this.pinger) clearInterval(this.pinger);
+        if (this.pinger) clearTimeout(this.pinger);
+        this.pinger = null;
       });
     }
 
@@ -108,17 +113,29 @@ export function withDeadlines(Base: typeof pg.Client, purpose: string, path: Dea
         done = true;
         clearTimeout(timer);
         this.inFlight--;
+        this.answeredAt = performance.now();
       };
     }
 
     listening(): void {
       if (this.pinger) return;
-      this.pinger = setInterval(() => {
-        if (this.inFlight > 0 || this.discarded) return;
-        // What fails here fails on the connection: its 'error' tells its owner, who replaces it.
-        void this.query('SELECT 1').catch(() => undefined);
-      }, LISTENER_PING_MS);
-      this.pinger.unref();
+      const pace = () => Math.max(LISTENER_PING_MS, path.deadlineMs());
+      const next = (ms: number) => {
+        this.pinger = setTimeout(ping, ms);
+        this.pinger.unref();
+      };
+      const ping = () => {
+        if (this.discarded) return void (this.pinger = null);
+        // A round trip in flight is under its own deadline; one that ended lately proved the link.
+        const quiet = performance.now() - this.answeredAt;
+        if (this.inFlight === 0 && quiet >= pace()) {
+          // What fails here fails on the connection: its 'error' tells its owner, who replaces it.
+          void this.query('SELECT 1').catch(() => undefined);
+          return next(pace());
+        }
+        next(this.inFlight > 0 ? pace() : pace() - quiet);
+      };
+      next(pace());
     }
   }
 

@@ -62,6 +62,14 @@ export async function joinBus(c: pg.Client, tag: string, executes: boolean): Pro
   await c.query('SELECT sarsen.bus_join($1::text, $2::boolean)', [tag.toLowerCase(), executes]);
 }
 
+/**
+ * Tells every process that work runs here (src/executor/activity.ts): `{"k":"work"}` on the shared
+ * channel. A named statement: a process running attempts sends it every few seconds.
+ */
+export async function announceWork(pool: Pool): Promise<void> {
+  await pool.query({ name: 'announce_work', text: `SELECT pg_notify('${CHANNEL}', '{"k":"work"}')` });
+}
+
 /** The jobs a `J <count>` payload (sarsen.wake_executors()) announces; null for any other payload. */
 export function decodeJobWake(payload: string): number | null {
   if (!payload.startsWith('J ')) return null;

@@ -2,7 +2,8 @@
 // (docs/durability.md "Recovery"). Each executor holds a session-level advisory lock named by
 // its id on its bus connection for as long as it lives, and is listed in `sarsen.executors`
 // with the graphile-worker pools it runs. One executor, the one holding the watch lock (also on
-// its bus connection), looks a few times a second for listed executors whose lock it can take:
+// its bus connection), looks for listed executors whose lock it can take (a few times a second
+// while work runs, every few seconds while the deployment is idle: src/executor/sweep.ts):
 // those died, and their attempts are re-dispatched and their pools' jobs freed at once, without
 // waiting for a sweep.
 import type pg from 'pg';
@@ -34,6 +35,8 @@ export type Liveness = {
   dropJobPool(pool: Pool, poolId: string): Promise<void>;
   /** Whether this process watches the others: it takes the watch lock on its bus session when that is free. */
   watching(): Promise<boolean>;
+  /** Whether this process held the watch lock when it last asked (no round trip). */
+  watches(): boolean;
   /**
    * True for a grace after this process's bus connected again: the database restarted or failed
    * over, every lock went with it, and the live executors' buses are still coming back.
@@ -105,6 +108,7 @@ export function createLiveness(owner: string): Liveness {
       }
       return s.watching;
     },
+    watches: () => current?.watching === true,
     settling: () => performance.now() < settlingUntil,
     async leave(pool) {
       await pool.query(`DELETE FROM sarsen.executors WHERE process_id = $1`, [owner]);

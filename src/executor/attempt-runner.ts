@@ -13,6 +13,7 @@ import { createSettle } from './settle.ts';
 import { createYielder } from './yield.ts';
 import { logger, errorFields } from '../log.ts';
 import type { RunWhereAccepted } from '../deps.ts';
+import type { Activity } from './activity.ts';
 import { tracer } from '../telemetry/tracing.ts';
 import { traceAttempt, attemptEnded, attemptYielded } from '../telemetry/spans.ts';
 
@@ -46,8 +47,11 @@ function interrupted(err: unknown, signal: AbortSignal): Outcome {
   throw err;
 }
 
-/** `owner`: the lease owner this process's attempts carry (its liveness lock is named by it). */
-export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; concurrency: number }): AttemptRunner {
+/**
+ * `owner`: the lease owner this process's attempts carry (its liveness lock is named by it).
+ * `activity` (the executor's): told of each attempt, so that the deployment hears that work runs.
+ */
+export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; concurrency: number; activity?: Pick<Activity, 'began'> }): AttemptRunner {
   const { owner, concurrency } = opts;
   const { settle, close: closeSettle } = createSettle(deps);
   // Claims and lease renewals: batch statements on a connection of their own.
@@ -78,6 +82,7 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
   const executeOne = async (attempt: Attempt, callerWaits: boolean): Promise<void> => {
     const running: Running = { attempt, controller: new AbortController(), renewedAt: Date.now() };
     active.add(running);
+    const ended = opts.activity?.began() ?? (() => {});
     // A cancel heard on the bus stops the call at once; one whose event was lost, at the next renewal.
     const unsubscribe = deps.bus.onRequest(attempt.id, (ev) => {
       if (ev.type === 'cancel') running.controller.abort(new Cancelled('the request was cancelled'));
@@ -104,6 +109,7 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
     } finally {
       unsubscribe();
       active.delete(running);
+      ended();
     }
   };
 

@@ -25,6 +25,9 @@ import { startLoop, type Loop } from './loop.ts';
 // idle pace, so a waiting batch does not poll the database 50 times a second.
 const BUSY_MS = 20;
 const IDLE_MS = 250;
+// With no batch active, the dispatcher sleeps until a new batch's NOTIFY (migration 030) or a
+// reconnect of the bus (which may have lost one) wakes it; this slow look is only a backstop.
+const NO_BATCH_MS = 30_000;
 
 /** What a round saw. */
 type Round = { moved: boolean; inFlight: boolean };
@@ -126,9 +129,9 @@ export function startBatchDispatcher(deps: BaseDeps): Loop {
   // Busy while lines move; backing off to idle while lines only wait on their requests.
   let pace = IDLE_MS;
   const next = (seen: Round) => (pace = seen.moved ? BUSY_MS : seen.inFlight ? Math.min(pace * 2, IDLE_MS) : IDLE_MS);
-  return startLoop(
+  const loop = startLoop(
     async () => {
-      if (!(await anyActiveBatch(deps.pool))) return next({ moved: false, inFlight: false });
+      if (!(await anyActiveBatch(deps.pool))) return NO_BATCH_MS;
       const seen = await round(deps);
       for (const b of await finalizingBatches(deps.pool)) await finalize(deps, b);
       return next(seen);
@@ -141,4 +144,14 @@ export function startBatchDispatcher(deps: BaseDeps): Loop {
       },
     },
   );
+  const unsubscribe = deps.bus.subscribe('batch', () => loop.wake());
+  const unReconnect = deps.bus.onReconnect(() => loop.wake());
+  return {
+    wake: () => loop.wake(),
+    stop() {
+      unsubscribe();
+      unReconnect();
+      return loop.stop();
+    },
+  };
 }

@@ -1,5 +1,6 @@
 // The retention sweep (executor role, every `retention_sweep_interval_ms`; docs/storage.md).
-// One executor at a time runs a pass, under a session advisory lock: it creates partitions
+// The watching executor runs the passes (the others' loops pass without a statement), and a
+// pass runs under a session advisory lock, so two never overlap: it creates partitions
 // ahead, drops the days of payloads whose every record is past its horizon (and the months of
 // request rows and ledger past theirs), then sweeps row by row what the drops do not reach in
 // time: the records of namespaces with a shorter horizon than the longest (src/core/partitions.ts
@@ -18,6 +19,7 @@ import {
 import { logger, errorFields } from '../log.ts';
 import { countExpired, countSweep } from '../metrics/metrics.ts';
 import { startLoop, type Loop } from './loop.ts';
+import { IDLE_SWEEP_MS } from './sweep.ts';
 
 const BATCH = 500;
 // One pass stops after this many batches of a kind so a huge backlog cannot starve the others;
@@ -111,10 +113,19 @@ async function pass(deps: Deps, db: PoolClient): Promise<RetentionCounts> {
   return { records, claims, listing, ledger, partitions };
 }
 
-export function startRetentionSweeper(deps: BaseDeps): Loop {
-  const pause = () => deps.settings.current().retention_sweep_interval_ms;
+/**
+ * The retention loop: every executor runs it, the watching one (`watches`) sweeps (one sweeper
+ * does a sweep). While the deployment is idle (not `busy`) nothing new is stored, what ages past
+ * its horizon can wait a few minutes, and a pass runs at most every IDLE_SWEEP_MS
+ * (docs/scaling.md "An idle process").
+ */
+export function startRetentionSweeper(deps: BaseDeps, opts: { watches: () => boolean; busy: () => boolean }): Loop {
+  const { watches, busy } = opts;
+  const every = () => deps.settings.current().retention_sweep_interval_ms;
+  const pause = () => (busy() ? every() : Math.max(every(), IDLE_SWEEP_MS));
   return startLoop(
     async () => {
+      if (!watches()) return pause();
       await runRetentionSweep(deps, { wait: false });
       countSweep('retention', true);
       return pause();

@@ -15,6 +15,8 @@ import { tracer } from '../telemetry/tracing.ts';
 import { tracedFlush, traceSettle } from '../telemetry/spans.ts';
 
 const MAX_BATCH = 500;
+// A retry's job falls due by the database's clock; fetched a little after, it is due however the clocks differ by a hair.
+const RETRY_FETCH_SLACK_MS = 50;
 
 export type Settle = { settle(attempt: Attempt, outcome: Outcome): Promise<void>; close(): Promise<void> };
 
@@ -54,6 +56,8 @@ export function createSettle(deps: BaseDeps): Settle {
       case 'retry': {
         const scheduled = await retryTransient(() => scheduleRetry(deps.pool, { ...outcome, id: attempt.id, attempt: attempt.attempt, origin: deps.processId }), deps.settings.current().lease_ms);
         if (!scheduled) return;
+        // graphile-worker polls only as a backstop: this process fetches the retry when it falls due.
+        setTimeout(() => deps.bus.publishLocal({ k: 'jobs', count: 1 }), outcome.delayMs + RETRY_FETCH_SLACK_MS).unref();
         deps.bus.publishRequest({ type: 'state', requestId: attempt.id, status: 'pending' });
         logger.info('attempt failed; retry scheduled', { ...log, delay_ms: outcome.delayMs });
         return;

@@ -1,13 +1,19 @@
 // Recovery (docs/durability.md "Recovery"). Every executor process runs this loop, but only the
-// one holding the watch lock (src/db/liveness.ts) does the work; the others try that lock once
-// per check, one statement, so a process's cost does not grow with the number of processes.
-// The watcher, every `liveness_check_ms`, looks with one statement for listed executors that
-// died and for expired leases, and re-dispatches what they held at once. Every
-// `sweep_interval_ms`, and as soon as it becomes the watcher, it also runs the full sweep: every
-// running lease's owner checked (an owner that was never listed), jobs stranded by a pool nobody
-// listed, and the buses of dead processes forgotten. At every check it also folds the counter
-// deltas the write paths appended into the counters (src/db/counters.ts), and with the full sweep
-// frees their space.
+// one holding the watch lock (src/db/liveness.ts) does the work: one sweeper does each sweep.
+// The watcher looks with one statement for listed executors that died and for expired leases,
+// and re-dispatches what they held at once; it also runs the full sweep (every running lease's
+// owner checked (an owner that was never listed), jobs stranded by a pool nobody listed, and the
+// buses of dead processes forgotten), folds the counter deltas the write paths appended into the
+// counters (src/db/counters.ts), and with the full sweep frees their space.
+//
+// How often depends on whether work runs (src/executor/activity.ts; docs/scaling.md "An idle
+// process"). While it does, the watcher looks every `liveness_check_ms` and folds at each look,
+// sweeps every `sweep_interval_ms`, and each other executor tries the watch lock every second,
+// so that one of them takes over within a second of the watcher's death. While the deployment
+// is idle there is nothing to recover quickly: the watcher looks every IDLE_LOOK_MS, folds every
+// IDLE_FOLD_MS and sweeps every IDLE_SWEEP_MS, and the others try the lock every IDLE_TRY_MS;
+// news of work wakes them all at once, so the first attempt after a quiet spell is watched as
+// closely as any.
 import type { BaseDeps } from '../deps.ts';
 import { recoverDeadAttempts, redispatchStranded, type Recovered } from '../db/recovery.ts';
 import { recoverExecutors, watchExecutors, type Liveness } from '../db/liveness.ts';
@@ -17,14 +23,26 @@ import { connectionFailed } from '../db/pool.ts';
 import { logger } from '../log.ts';
 import { countRecoveries, countSweep } from '../metrics/metrics.ts';
 import { startLoop, type Loop } from './loop.ts';
+import type { Activity } from './activity.ts';
 
 const BATCH = 100;
+/** The idle watcher's look, fold and full sweep (or the settings' paces, when slower). */
+export const IDLE_LOOK_MS = 5_000;
+export const IDLE_FOLD_MS = 60_000;
+export const IDLE_SWEEP_MS = 300_000;
+/** How often an executor that does not watch tries the watch lock: while work runs, and while idle. */
+export const BUSY_TRY_MS = 1_000;
+export const IDLE_TRY_MS = 30_000;
 
-export function startSweeper(deps: BaseDeps, liveness: Liveness): Loop {
+export function startSweeper(deps: BaseDeps, liveness: Liveness, activity: Activity): Loop {
   const owner = liveness.owner;
   let stopped = false;
   // When this process last ran the full sweep as the watcher; null while it does not watch.
   let lastFullSweep: number | null = null;
+  // When the watcher last folded the counters, and whether it folded any since it last freed
+  // their space (a new watcher does not know what the last one left).
+  let lastFold = -Infinity;
+  let unvacuumed = true;
 
   const announce = (recovered: readonly Recovered[], how: string) => {
     countRecoveries(recovered.length);
@@ -47,13 +65,18 @@ export function startSweeper(deps: BaseDeps, liveness: Liveness): Loop {
     const stranded = await redispatchStranded(deps.pool, deps.settings.current().lease_ms);
     for (const id of stranded) logger.warn('re-dispatched a request whose job a dead worker held', { request_id: id });
     await recoverExpired();
+    if (!unvacuumed) return;
     await vacuumDeltas(deps.pool);
+    unvacuumed = false;
   };
 
-  const check = async () => {
+  /** One check; answers the pause before the next. */
+  const check = async (): Promise<number> => {
+    const s = deps.settings.current();
+    const busy = activity.busy();
     if (!(await liveness.watching())) {
       lastFullSweep = null;
-      return;
+      return busy ? Math.max(BUSY_TRY_MS, s.liveness_check_ms) : IDLE_TRY_MS;
     }
     const { dead, expired } = await watchExecutors(deps.pool, owner, liveness.settling());
     if (dead.length > 0) {
@@ -66,7 +89,8 @@ export function startSweeper(deps: BaseDeps, liveness: Liveness): Loop {
       }
     }
     const now = performance.now();
-    if (lastFullSweep === null || now - lastFullSweep >= deps.settings.current().sweep_interval_ms) {
+    const sweepEvery = busy ? s.sweep_interval_ms : Math.max(s.sweep_interval_ms, IDLE_SWEEP_MS);
+    if (lastFullSweep === null || now - lastFullSweep >= sweepEvery) {
       lastFullSweep = now;
       await fullSweep().then(
         () => countSweep('recovery', true),
@@ -76,20 +100,27 @@ export function startSweeper(deps: BaseDeps, liveness: Liveness): Loop {
         },
       );
     } else if (expired) await recoverExpired();
-    await foldCounters(deps.pool);
+    if (busy || now - lastFold >= Math.max(s.liveness_check_ms, IDLE_FOLD_MS)) {
+      lastFold = now;
+      if ((await foldCounters(deps.pool)) > 0) unvacuumed = true;
+    }
+    return busy ? s.liveness_check_ms : Math.max(s.liveness_check_ms, IDLE_LOOK_MS);
   };
 
-  const pause = () => deps.settings.current().liveness_check_ms;
-  const loop = startLoop(() => check().then(pause), {
+  const loop = startLoop(check, {
     firstDelayMs: 0,
     failed: (err) => {
       connectionFailed('recovery check failed; will try again', err);
-      return pause();
+      return deps.settings.current().liveness_check_ms;
     },
   });
+  // News of work after a quiet spell: look (or try the watch lock) now.
+  const unBusy = activity.onBusy(() => loop.wake());
   return {
+    wake: () => loop.wake(),
     stop() {
       stopped = true; // a recovery under way stops between its batches
+      unBusy();
       return loop.stop();
     },
   };

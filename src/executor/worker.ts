@@ -13,6 +13,8 @@ import { createChunkWriter } from './chunk-writer.ts';
 import { createAttemptRunner } from './attempt-runner.ts';
 import { startSweeper } from './sweep.ts';
 import { startRetentionSweeper } from './retention.ts';
+import { createActivity } from './activity.ts';
+import { startLoop } from './loop.ts';
 import { workerLogger } from '../db/worker-logger.ts';
 import { logger } from '../log.ts';
 import { executeRequestTask } from '../../tasks/execute_request.ts';
@@ -31,7 +33,9 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
   // Writes of an attempt are retried through an outage for as long as its lease could last.
   const chunks = createChunkWriter(conn, deps.bus, deps.processId, () => deps.settings.current().lease_ms);
   const executorDeps = { ...deps, upstream, chunks };
-  const attemptRunner = createAttemptRunner(executorDeps, { owner: deps.processId, concurrency: opts.concurrency });
+  // Whether work runs in the deployment: the loops below look often only while it does.
+  const activity = createActivity(deps.pool, deps.bus);
+  const attemptRunner = createAttemptRunner(executorDeps, { owner: deps.processId, concurrency: opts.concurrency, activity });
   // graphile-worker's own pool, of the process's budget (its `queue` connections): its LISTEN
   // client, one job fetch and one completion batch at a time; task code uses the other pools.
   // Never below those three: with one connection its LISTEN client held it and no job was fetched.
@@ -39,7 +43,7 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
   const startQueue = (events: WorkerEvents) =>
     run({ ...queueOptions(opts.concurrency), pgPool: workerPool, events, taskList: { [EXECUTE_REQUEST]: executeRequestTask(attemptRunner.runJob) } });
   // Recovery first: a process started because all the others died takes up their work at once.
-  const sweeper = startSweeper(deps, opts.liveness);
+  const sweeper = startSweeper(deps, opts.liveness, activity);
   const listing: JobPoolListing = {
     add: (id) => opts.liveness.addJobPool(deps.pool, id).catch((err) => connectionFailed('could not list a job pool; its jobs are freed late if this process dies', err)),
     drop: (id) => opts.liveness.dropJobPool(deps.pool, id).catch((err) => connectionFailed('could not unlist a stopped job pool', err)),
@@ -49,12 +53,29 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
     queue = await superviseQueue(startQueue, workerPool, listing);
   } catch (err) {
     await Promise.all([sweeper.stop(), attemptRunner.stop(0)]);
+    activity.close();
     await Promise.all([upstream.close(), chunks.close(), workerPool.end()]);
     throw err;
   }
-  // New jobs this process was chosen to fetch (sql/migrations/019_bus_channels.sql).
+  // New jobs this process was chosen to fetch (sql/migrations/019_bus_channels.sql), and, after
+  // the bus reconnected, any whose news it may have missed.
   const unsubscribe = deps.bus.subscribe('jobs', (m) => queue.nudge(Number(m.count) || 1));
-  const retention = startRetentionSweeper(deps);
+  const unReconnect = deps.bus.onReconnect(() => queue.nudge(opts.concurrency));
+  // graphile-worker polls only as a slow backstop (queueOptions). While work runs, the queue is
+  // looked at every BUSY_FETCH_MS, as it was when it polled every second: a job whose wake went
+  // to a process that was full, or to one that just died, waits no longer than that. While the
+  // deployment is idle, the watching executor alone looks every IDLE_FETCH_MS (a due job it finds
+  // is work, which the others then hear of).
+  let fetchedAt = performance.now();
+  const fetcher = startLoop(async () => {
+    const now = performance.now();
+    if (activity.busy() || (opts.liveness.watches() && now - fetchedAt >= IDLE_FETCH_MS)) {
+      fetchedAt = now;
+      queue.nudge(opts.concurrency);
+    }
+    return BUSY_FETCH_MS;
+  }, { firstDelayMs: BUSY_FETCH_MS, failed: () => BUSY_FETCH_MS });
+  const retention = startRetentionSweeper(deps, { watches: () => opts.liveness.watches(), busy: () => activity.busy() });
   logger.info('executor started', { owner: deps.processId, concurrency: opts.concurrency });
   let stopping: Promise<void> | null = null;
   return {
@@ -62,23 +83,33 @@ export async function startExecutor(deps: BaseDeps, conn: ConnectionConfig, opts
     stop: (graceMs) =>
       (stopping ??= (async () => {
         unsubscribe();
-        await Promise.all([sweeper.stop(), retention.stop()]);
-        // No new jobs from here on; running attempts get the grace to finish.
+        unReconnect();
+        await Promise.all([sweeper.stop(), retention.stop(), fetcher.stop()]);
+        // No new jobs from here on; running attempts get the grace to finish (and are announced meanwhile).
         const stopped = queue.stop();
         await attemptRunner.stop(graceMs);
         await stopped;
+        activity.close();
         await opts.liveness.leave(deps.pool).catch((err) => connectionFailed('could not unlist this executor; the watcher will', err));
         await Promise.all([upstream.close(), chunks.close(), workerPool.end()]);
       })()),
   };
 }
 
+// graphile-worker's own poll for due jobs, a backstop: new jobs wake a process through the bus, a
+// retry is fetched at its time by the process that scheduled it (src/executor/settle.ts), and
+// the executor looks itself, every BUSY_FETCH_MS while work runs and, on the watching executor,
+// every IDLE_FETCH_MS while the deployment is idle (docs/scaling.md "An idle process").
+export const POLL_INTERVAL_MS = 60_000;
+const BUSY_FETCH_MS = 1_000;
+const IDLE_FETCH_MS = 10_000;
+
 /** How the executor runs graphile-worker (its conformance test runs it the same way). */
 export function queueOptions(concurrency: number) {
   return {
     concurrency,
     noHandleSignals: true,
-    pollInterval: 1000,
+    pollInterval: POLL_INTERVAL_MS,
     logger: workerLogger,
     preset: { worker: { localQueue: { size: concurrency }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } },
   } satisfies Parameters<typeof run>[0];
@@ -176,7 +207,10 @@ export async function superviseQueue(start: (events: WorkerEvents) => Promise<Wo
   };
   const retire = async (queue: Launched) => {
     await queue.drained;
-    if ((await freeJobs(queue.lockers)) && queue.poolId) await listing.drop(queue.poolId);
+    const freed = await freeJobs(queue.lockers);
+    // Freed jobs are due at once, and nothing else announces them: the running pool fetches now.
+    if (freed) current?.nudge(queue.lockers.length);
+    if (freed && queue.poolId) await listing.drop(queue.poolId);
     launched.delete(queue);
   };
   /** Launches a pool, retrying until the database answers; null if the queue stops meanwhile. */
