@@ -63,7 +63,7 @@ const submission = (): NewRequest => {
 };
 
 const success = (s: Submitted): Terminal => ({
-  id: s.requestId, attempt: 1, jobId: s.jobId, model: 'm',
+  id: s.requestId, attempt: 1, model: 'm',
   answer: { status: 'succeeded', httpStatus: 200, contentType: 'application/json', body: ANSWER, errorStatus: null, retryAfter: null },
   tokens: { prompt: 50, completion: 70, total: 120 }, frames: null, reached: true, sentBytes: 300, receivedBytes: ANSWER.length,
   cancelled: false, end: { status: 200, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,

@@ -7,7 +7,7 @@ import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Answer, Dialect } from './requests.ts';
 import type { BackendForCall } from './backends.ts';
-import { enqueueSql, removeBackstopJobsSql, rescheduleJobsSql } from './jobs.ts';
+import { enqueueSql } from './jobs.ts';
 import { addToRollup, addToKeyHour } from './counters.ts';
 import { notifyEvents } from './events.ts';
 import { batchInput, namedParams, oneOfIds, withParts, type Part } from './columns.ts';
@@ -30,8 +30,6 @@ export type Attempt = Readonly<{
   sealedCredential: Buffer | null;
   /** Null when the backend was deleted after the request was accepted. */
   backend: BackendForCall | null;
-  /** The job of an attempt claimed at acceptance (due when its lease ends); removed by the terminal write. */
-  jobId: string | null;
   /** A cancel was asked for before this claim: the attempt ends at once, calling no provider. */
   cancelRequested: boolean;
   /** Its key had a token limit when it was accepted: the terminal write charges its tokens to the key's window. */
@@ -110,7 +108,6 @@ export async function claimAttempts(pool: Pool, ids: readonly string[], owner: s
                 credential_source: r.credential_source,
                 credential_sealed: r.credential_sealed,
               },
-        jobId: null,
         cancelRequested: r.cancel_requested,
         tokenLimited: r.token_limited,
         model: r.upstream_model,
@@ -127,11 +124,11 @@ export type AcceptedRequest = Pick<Attempt, 'id' | 'namespaceId' | 'dialect' | '
 
 /**
  * The attempt a submission's own commit claimed for this process (submissions.ts writes the
- * request running under its lease, attempt 1, its frames from 1, with its backstop job
- * `jobId`): made from the submission in hand, as claimAttempts makes one from the rows it
+ * request running under its lease, attempt 1, its frames from 1, with no job: the watcher
+ * recovers it by its lease): made from the submission in hand, as claimAttempts makes one from the rows it
  * claimed, so no statement reads back what was just written.
  */
-export function acceptedAttempt(r: AcceptedRequest, jobId: string | null): Attempt {
+export function acceptedAttempt(r: AcceptedRequest): Attempt {
   return {
     id: r.id,
     attempt: 1,
@@ -144,7 +141,6 @@ export function acceptedAttempt(r: AcceptedRequest, jobId: string | null): Attem
     firstSeq: 1,
     sealedCredential: r.sealedCredential,
     backend: r.backend,
-    jobId,
     cancelRequested: false,
     // As the submission statement sets token_limited.
     tokenLimited: r.limits?.tokensPerMinute != null,
@@ -154,13 +150,12 @@ export function acceptedAttempt(r: AcceptedRequest, jobId: string | null): Attem
   };
 }
 
-export type Held = Readonly<{ id: string; attempt: number; jobId: string | null }>;
+export type Held = Readonly<{ id: string; attempt: number }>;
 
 const RENEW_INPUT = batchInput<Held, { lease_ms: number }>(
   [
     ['id', 'text', (h) => h.id],
     ['attempt', 'int', (h) => h.attempt],
-    ['job_id', 'bigint', (h) => h.jobId],
   ],
   { lease_ms: 'double precision' },
 );
@@ -173,12 +168,10 @@ const RENEW_SQL = withParts(
       sql: `UPDATE sarsen.requests q SET lease_expires_at = ${RENEWED_UNTIL}
     FROM ${RENEW_INPUT.unnest('a')}
    WHERE q.id = a.id AND ${oneOfIds('q.id', RENEW_INPUT.array('id'))} AND q.attempts = a.attempt AND q.status = 'running'
-  RETURNING q.id, a.job_id, q.cancel_requested`,
+  RETURNING q.id, q.cancel_requested`,
     },
-    // An attempt claimed at acceptance keeps its backstop job due at its lease's end.
-    { name: 'moved', sql: `SELECT j.id FROM ${rescheduleJobsSql(`ARRAY(SELECT job_id FROM renewed WHERE job_id IS NOT NULL)`, RENEWED_UNTIL)} AS j` },
   ],
-  `SELECT id, cancel_requested, (SELECT count(*) FROM moved) AS moved FROM renewed`,
+  `SELECT id, cancel_requested FROM renewed`,
 );
 const RENEW = prepared('sarsen_renew_leases', RENEW_SQL);
 
@@ -210,7 +203,7 @@ export type AttemptEnd = { status: number | null; retryAfter: string | null; err
  */
 export type Terminal = Readonly<
   {
-    id: string; attempt: number; jobId: string | null; model: string; answer: Answer; tokens: Tokens; frames: { bytes: number; lastSeq: number } | null;
+    id: string; attempt: number; model: string; answer: Answer; tokens: Tokens; frames: { bytes: number; lastSeq: number } | null;
     cancelled: boolean; end: AttemptEnd; ownCredential: boolean; tokenLimited: boolean; cacheable: boolean;
   } & Traffic
 >;
@@ -241,7 +234,6 @@ const SETTLE_INPUT = batchInput<Terminal, { origin: string }>(
     ['total', 'bigint', (t) => t.tokens.total],
     ['sent', 'bigint', (t) => t.sentBytes],
     ['received', 'bigint', (t) => t.receivedBytes],
-    ['job_id', 'bigint', (t) => t.jobId],
     ['chunk_bytes', 'bigint', (t) => t.frames?.bytes ?? 0],
     ['last_seq', 'int', (t) => t.frames?.lastSeq ?? 0],
     ['reached', 'boolean', (t) => t.reached],
@@ -284,7 +276,7 @@ const SETTLE_PARTS: readonly Part[] = [
     FROM input i JOIN cost c ON c.id = i.id
    WHERE q.id = i.id AND ${oneOfIds('q.id', SETTLED_IDS)} AND q.attempts = i.attempt AND q.status = 'running'
   RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
-            i.prompt, i.completion, i.total, i.sent, i.received, i.job_id,
+            i.prompt, i.completion, i.total, i.sent, i.received,
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
             coalesce(q.provider_reached, false) AS provider_call, q.token_limited`,
   },
@@ -351,9 +343,8 @@ const METERING_PARTS: readonly Part[] = [
   },
 ];
 
-/** The backstop jobs removed, and one bus event per request. */
+/** One bus event per request. */
 const NOTIFY_PARTS: readonly Part[] = [
-  { name: 'removed', sql: removeBackstopJobsSql(`ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)`) },
   { name: 'notified', sql: notifyEvents(`SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done`, SETTLE_INPUT.param('origin')) },
 ];
 
@@ -367,7 +358,7 @@ const settleSql = (shape: SettleShape): string =>
       ...(shape.metering ? METERING_PARTS : []),
       ...NOTIFY_PARTS,
     ],
-    `SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done`,
+    `SELECT id, (SELECT count(*) FROM notified) AS side_effects FROM done`,
   );
 
 const settleName = (shape: SettleShape): string =>
@@ -390,7 +381,7 @@ export const ATTEMPT_SQL: Readonly<Record<string, string>> = {
 /**
  * The terminal writes of a batch of attempts in one statement (a group commit): answers,
  * tokens, token cost (ledger, and a credit debit when metering), counters, the credential
- * destroyed, a failure's claim released, a backstop job removed, and one bus event each.
+ * destroyed, a failure's claim released, and one bus event each.
  * Answers the ids written; an attempt missing from it had lost its lease, and wrote nothing.
  */
 export async function settleBatch(

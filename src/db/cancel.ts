@@ -62,7 +62,7 @@ export async function cancelRequest(
     const answer = cancelledAnswer();
     // (ownCredential: whatever the request brought is destroyed; nothing is, if it brought none.)
     const terminal = {
-      id, attempt: r.attempts, jobId: null, model: r.upstream_model, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true,
+      id, attempt: r.attempts, model: r.upstream_model, answer, tokens: nulls, frames: null, reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true,
       end: { status: null, retryAfter: null, error: null }, ownCredential: true, tokenLimited: false, cacheable: false,
     };
     await settleBatch(c, [terminal], opts);

@@ -29,11 +29,6 @@ export function enqueueSql(id: string, runAt?: string, priority?: number): strin
   return `graphile_worker.add_job('${EXECUTE_REQUEST}', json_build_object('request_id', ${id}),${runAt ? ` run_at => ${runAt},` : ''}${priority ? ` priority => ${priority},` : ''} job_key => ${id}, max_attempts => ${MAX_ATTEMPTS})`;
 }
 
-/** SQL (a FROM item) moving unlocked jobs `ids` (a bigint[] expression) to `runAt`. */
-export function rescheduleJobsSql(ids: string, runAt: string): string {
-  return `graphile_worker.reschedule_jobs(${ids}, run_at => ${runAt})`;
-}
-
 const TASK_ID = `(SELECT id FROM graphile_worker._private_tasks WHERE identifier = '${EXECUTE_REQUEST}')`;
 
 /**
@@ -53,11 +48,6 @@ export function insertJobsSql(rows: string): string {
  */
 export function wakeWorkersSql(count: string): string {
   return `SELECT sarsen.wake_executors(n) FROM (SELECT ${count} AS n) AS due WHERE n > 0`;
-}
-
-/** SQL (a data-modifying CTE body) removing the backstop jobs `ids` (a bigint[] expression) names, unless a worker holds them. */
-export function removeBackstopJobsSql(ids: string): string {
-  return `DELETE FROM graphile_worker._private_jobs AS jobs WHERE jobs.id = ANY(${ids}) AND jobs.locked_at IS NULL RETURNING 1`;
 }
 
 /**
@@ -86,5 +76,5 @@ export async function unlockJobs(pool: Pool, lockers: readonly string[]): Promis
   await pool.query('SELECT graphile_worker.force_unlock_workers($1::text[])', [lockers]);
 }
 
-/** Registers the task with graphile-worker (as its worker pools do when they start), for backstop jobs. */
+/** Registers the task with graphile-worker (as its worker pools do when they start), so that insertJobsSql finds its row. */
 export const ENSURE_TASK_SQL = `INSERT INTO graphile_worker._private_tasks (identifier) VALUES ('${EXECUTE_REQUEST}') ON CONFLICT DO NOTHING`;

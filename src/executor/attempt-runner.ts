@@ -123,7 +123,7 @@ export function createAttemptRunner(deps: ExecutorDeps, opts: { owner: string; c
     const due = [...active].filter((running) => now - running.renewedAt >= heartbeatMs);
     if (due.length === 0) return;
     try {
-      const still = await renewLeases(writer, due.map(({ attempt }) => ({ id: attempt.id, attempt: attempt.attempt, jobId: attempt.jobId })), leaseMs);
+      const still = await renewLeases(writer, due.map(({ attempt }) => ({ id: attempt.id, attempt: attempt.attempt })), leaseMs);
       for (const running of due) {
         const held = still.get(running.attempt.id);
         if (!held) {

@@ -46,7 +46,7 @@ export function createSettle(deps: BaseDeps): Settle {
         const { answer, reached, sentBytes, receivedBytes, frames, end } = outcome;
         const cancelled = outcome.kind === 'failed' && outcome.cancelled === true;
         const written = await terminals.add({
-          id: attempt.id, attempt: attempt.attempt, jobId: attempt.jobId, model: attempt.model, answer, tokens, frames, reached, sentBytes, receivedBytes, cancelled, end,
+          id: attempt.id, attempt: attempt.attempt, model: attempt.model, answer, tokens, frames, reached, sentBytes, receivedBytes, cancelled, end,
           ownCredential: attempt.sealedCredential !== null, tokenLimited: attempt.tokenLimited, cacheable: outcome.kind === 'succeeded' && outcome.cacheable,
         });
         if (written) deps.bus.publishRequest({ type: 'state', requestId: attempt.id, status: answer.status, answer });

@@ -61,7 +61,7 @@ describe('batch statement plans', function () {
     await renewLeases(pool, [], 30_000);
     // Every shape of the terminal write (a terminal for no request writes nothing).
     const failure = {
-      id: 'req_none', attempt: 1, jobId: null, model: 'm', answer: cancelledAnswer(), tokens: { prompt: null, completion: null, total: null }, frames: null,
+      id: 'req_none', attempt: 1, model: 'm', answer: cancelledAnswer(), tokens: { prompt: null, completion: null, total: null }, frames: null,
       reached: false, sentBytes: 0, receivedBytes: 0, cancelled: true, end: { status: null, retryAfter: null, error: null }, ownCredential: true,
       tokenLimited: false, cacheable: false,
     };

@@ -14,7 +14,6 @@ import {
   GRAPHILE_WORKER_MIGRATIONS,
   enqueueSql,
   insertJobsSql,
-  removeBackstopJobsSql,
   retireJobsSql,
   unlockJobs,
   wakeWorkersSql,
@@ -75,7 +74,7 @@ describe('graphile-worker conformance of the direct job writes (src/db/jobs.ts)'
       rows[0]!.n,
       `graphile-worker ${installed} has ${rows[0]!.n} schema migrations; src/db/jobs.ts was written against ` +
         `${GRAPHILE_WORKER_MIGRATIONS}. Read the new migrations (node_modules/graphile-worker/sql/), re-check ` +
-        'insertJobsSql, removeBackstopJobsSql, retireJobsSql and wakeWorkersSql against add_jobs and complete_jobs, ' +
+        'insertJobsSql, retireJobsSql and wakeWorkersSql against add_jobs and complete_jobs, ' +
         'make this suite pass, then update GRAPHILE_WORKER_MIGRATIONS',
     ).to.equal(GRAPHILE_WORKER_MIGRATIONS);
   });
@@ -194,30 +193,6 @@ describe('graphile-worker conformance of the direct job writes (src/db/jobs.ts)'
       expect(job.payload).to.deep.equal({ request_id: 'req_run' });
       gate('req_run').release();
       await gone('req_run');
-    });
-
-    it('removes a backstop as complete_jobs does: an idle job goes, a job a worker holds stays with the worker', async () => {
-      const [idleOurs, idleTheirs] = await insertJobs(pool, ['req_idle_ours', 'req_idle_theirs'], "now() + interval '1 hour'");
-      const [heldOurs, heldTheirs] = await insertJobs(pool, ['req_held_ours', 'req_held_theirs']);
-      await Promise.all([started('req_held_ours'), started('req_held_theirs')]);
-      const { rows: ours } = await pool.query<{ n: number }>(
-        `WITH removed AS (${removeBackstopJobsSql('$1::bigint[]')}) SELECT count(*)::int AS n FROM removed`,
-        [[idleOurs, heldOurs]],
-      );
-      const { rows: theirs } = await pool.query<{ n: number }>(
-        'SELECT count(*)::int AS n FROM graphile_worker.complete_jobs($1::bigint[])',
-        [[idleTheirs, heldTheirs]],
-      );
-      expect(ours[0]!.n).to.equal(1);
-      expect(theirs[0]!.n).to.equal(1);
-      const left = await jobRows(pool, ['req_idle_ours', 'req_idle_theirs', 'req_held_ours', 'req_held_theirs']);
-      expect(left.map((r) => [r.key, r.locked_by !== null])).to.deep.equal([
-        ['req_held_ours', true],
-        ['req_held_theirs', true],
-      ]);
-      gate('req_held_ours').release();
-      gate('req_held_theirs').release();
-      await Promise.all([gone('req_held_ours'), gone('req_held_theirs')]);
     });
 
     it('retires a job a worker holds; that worker completes it harmlessly, and add_job queues the request afresh', async () => {

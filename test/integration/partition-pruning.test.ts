@@ -131,13 +131,13 @@ describe('batch statements on partitioned tables', function () {
     expect(accepted.map((a) => (a === null || isRefused(a) ? null : a.requestId))).to.deep.equal(ids);
     const claimed = await claimAttempts(pool, ids, 'wrk_p', 30_000);
     expect([...claimed.keys()].sort()).to.deep.equal([...ids].sort());
-    const renewed = await renewLeases(pool, ids.map((id) => ({ id, attempt: 1, jobId: null })), 30_000);
+    const renewed = await renewLeases(pool, ids.map((id) => ({ id, attempt: 1 })), 30_000);
     expect([...renewed.keys()].sort()).to.deep.equal([...ids].sort());
     const stored = await storeFrames(pool, ids.map((id) => ({ requestId: id, attempt: 1, seq: 1, frame: Buffer.from(`data: ${id}\n\n`) })), 'wrk_p');
     expect([...stored.keys()].sort()).to.deep.equal([...ids].sort());
     const answer = Buffer.from('{}');
     const settled = await settleBatch(pool, ids.map((id): Terminal => ({
-      id, attempt: 1, jobId: null, model: 'm',
+      id, attempt: 1, model: 'm',
       answer: { status: 'succeeded', httpStatus: 200, contentType: 'text/event-stream', body: answer, errorStatus: null, retryAfter: null },
       tokens: { prompt: null, completion: null, total: null }, frames: { bytes: 20, lastSeq: 1 }, reached: true, sentBytes: 10, receivedBytes: 20,
       cancelled: false, end: { status: 200, retryAfter: null, error: null }, ownCredential: false, tokenLimited: false, cacheable: false,

@@ -1,6 +1,6 @@
 WITH input AS (
-  SELECT t.*, CASE WHEN t.body_size >= 0 THEN substring($23::bytea FROM (sum(greatest(t.body_size, 0)) OVER (ORDER BY t.ord) - t.body_size + 1)::int FOR t.body_size) END AS body
-    FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::text[], $7::int[], $8::int[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::int[], $18::boolean[], $19::text[], $20::int[], $21::text[], $22::boolean[]) WITH ORDINALITY AS t(id, attempt, model, outcome, http_status, content_type, body_size, error_status, retry_after, prompt, completion, total, sent, received, job_id, chunk_bytes, last_seq, reached, ending, provider_status, transport_error, cacheable, ord)
+  SELECT t.*, CASE WHEN t.body_size >= 0 THEN substring($22::bytea FROM (sum(greatest(t.body_size, 0)) OVER (ORDER BY t.ord) - t.body_size + 1)::int FOR t.body_size) END AS body
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::text[], $7::int[], $8::int[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::boolean[], $18::text[], $19::int[], $20::text[], $21::boolean[]) WITH ORDINALITY AS t(id, attempt, model, outcome, http_status, content_type, body_size, error_status, retry_after, prompt, completion, total, sent, received, chunk_bytes, last_seq, reached, ending, provider_status, transport_error, cacheable, ord)
 ), cost AS (
   SELECT i.id, coalesce((
       SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
@@ -24,7 +24,7 @@ WITH input AS (
     FROM input i JOIN cost c ON c.id = i.id
    WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
   RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
-            i.prompt, i.completion, i.total, i.sent, i.received, i.job_id,
+            i.prompt, i.completion, i.total, i.sent, i.received,
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
             coalesce(q.provider_reached, false) AS provider_call, q.token_limited
 ), answer AS (
@@ -70,9 +70,7 @@ WITH input AS (
    GROUP BY scope
   ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
   RETURNING 1
-), removed AS (
-  DELETE FROM graphile_worker._private_jobs AS jobs WHERE jobs.id = ANY(ARRAY(SELECT job_id FROM done WHERE job_id IS NOT NULL)) AND jobs.locked_at IS NULL RETURNING 1
 ), notified AS (
-  SELECT sarsen.bus_notify($24::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
+  SELECT sarsen.bus_notify($23::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
 )
-SELECT id, (SELECT count(*) FROM removed) + (SELECT count(*) FROM notified) AS side_effects FROM done
+SELECT id, (SELECT count(*) FROM notified) AS side_effects FROM done

@@ -71,7 +71,7 @@ export function createSubmitter(conn: ConnectionConfig, pool: Pool, settings: Se
         throw err;
       }
       // It claimed only an execution it started: one it attached to, or the cache answered, is not this slot's.
-      const claimed = submitted.attached || submitted.cachedFrom !== null ? null : acceptedAttempt(submission, submitted.jobId);
+      const claimed = submitted.attached || submitted.cachedFrom !== null ? null : acceptedAttempt(submission);
       runWhereAccepted.start(claimed, { callerWaits: submission.callerWaits });
       return submitted;
     },
