@@ -5,7 +5,7 @@
 // writes), commits, and the statements with their rows and WAL a call (pg_stat_statements).
 //   requests  wrk, non-streaming, every body distinct, at --concurrency for --seconds
 //   streams   --streams streams of --frames frames --frame-ms apart
-// Run: node bench/work.ts [-- --seconds 5 --concurrency 16 --streams 50 --frames 100 --parts requests,streams]
+// Run: npm run bench:work [-- --seconds 5 --concurrency 16 --streams 50 --frames 100 --parts requests,streams]
 import path from 'node:path';
 import crypto from 'node:crypto';
 import { fileURLToPath } from 'node:url';
