@@ -44,7 +44,7 @@ import { shutdownDatabases } from '../test/support/db.ts';
 import { spawnNode, type SarsenChild } from '../test/support/child.ts';
 import { createPool } from '../src/db/pool.ts';
 import { benchDatabase } from './lib/database.ts';
-import { describeCommitLatency, measureCommitLatency } from './lib/commit-latency.ts';
+import { describeCommitLatency, measureCommitLatency, measureCommitNow } from './lib/commit-latency.ts';
 import { startGateway, type Gateway } from './lib/gateway.ts';
 import { startBenchSarsen, type BenchSarsen, childEnv } from './lib/sarsen-child.ts';
 import { provisionChat } from './lib/provision.ts';
@@ -237,6 +237,8 @@ async function main(): Promise<void> {
 
     // Non-streaming, closed loop: rounds of every side at every level.
     const nonStream = new Map<number, Map<string, Measured>[]>(LEVELS.map((c) => [c, []]));
+    // Each c=1 round's durable commit, measured just before its sides: the floor's two commits.
+    const commitAtC1: number[] = [];
     let acceptance: Report['acceptance'] = null;
     let cache: CacheLatency | null = null;
     if (has('nonstream', 'accept', 'cache')) {
@@ -245,6 +247,10 @@ async function main(): Promise<void> {
       for (let round = 1; round <= (PHASES.has('nonstream') ? ROUNDS : 0); round++) {
         for (const c of LEVELS) {
           const row = new Map<string, Measured>();
+          if (c === 1) {
+            progress(`non-streaming c=1, round ${round} of ${ROUNDS}: the commit probe`);
+            commitAtC1.push(await measureCommitNow(1));
+          }
           for (const side of [direct, viaGateway!, viaRelay!, s.side]) {
             progress(`non-streaming c=${c}, round ${round} of ${ROUNDS}: ${side.name}`);
             row.set(side.name, await measure(side, c, chatBody(false), SECONDS, WARMUP));
@@ -335,7 +341,7 @@ async function main(): Promise<void> {
       processes.set(n, await measure(s.side, PROCESSES_C, chatBody(false), SECONDS, WARMUP));
     }
 
-    report({ nonStream, acceptance, cache, streams, many, long, processes });
+    report({ nonStream, commitAtC1, acceptance, cache, streams, many, long, processes });
   } finally {
     progress('cleaning up');
     await stopSarsen(under);
@@ -453,6 +459,8 @@ async function drained(pool: pg.Pool, since: Date): Promise<{ backlog: number; m
 type Report = {
   /** By concurrency, each round's runs by side. */
   nonStream: Map<number, Map<string, Measured>[]>;
+  /** Each c=1 round's durable one-row commit p50, in ms. */
+  commitAtC1: number[];
   acceptance: {
     accepted: Measured; gateway: Measured; drain: { backlog: number; ms: number; executions: number; rate: number };
     /** Runs with a limited key, each between two runs without (`limitsOff`, the first being `accepted`). */
@@ -503,7 +511,22 @@ function report(r: Report): void {
     const added = (row: Map<string, Measured>) => (row.get('sarsen')!.requests === 0 ? Infinity : row.get('sarsen')!.p50Ms - row.get('direct')!.p50Ms);
     judged('non-stream req/s at c=64, × the gateway', 64, ratio, 1.3, 'higher', '×');
     judged('non-stream req/s at c=16, × the gateway', 16, ratio, 1, 'higher', '×');
-    judged('added latency p50 at c=1', 1, added, 2, 'lower', 'ms');
+    // The floor at c=1: what the gateway adds, plus the two durable commits a request needs
+    // (this round's commit probe), plus 0.5 ms; the margin is the floor less what Sarsen adds.
+    const c1 = r.nonStream.get(1) ?? [];
+    if (c1.length > 0 && r.commitAtC1.length === c1.length) {
+      const rows = c1.map((row, i) => {
+        const gatewayAdded = row.get('gateway')!.p50Ms - row.get('direct')!.p50Ms;
+        const floor = gatewayAdded + 2 * r.commitAtC1[i]! + 0.5;
+        return { gatewayAdded, commit: r.commitAtC1[i]!, floor, margin: floor - added(row) };
+      });
+      out('The floor at c=1, by round: the gateway\'s added p50 + 2 × a durable one-row commit (measured just before the round) + 0.5 ms; margin = floor − Sarsen\'s added p50');
+      out(table(['round', 'gateway +p50', 'commit p50', 'floor', 'Sarsen +p50', 'margin'],
+        rows.map((x, i) => [String(i + 1), fmt(x.gatewayAdded, 2), fmt(x.commit, 2), fmt(x.floor, 2), fmt(x.floor - x.margin, 2), fmt(x.margin, 2)])));
+      out();
+      const over = median(rows.map((x) => -x.margin));
+      targets.push([`added p50 at c=1 beyond the floor (median of ${rows.map((x) => fmt(-x.margin, 2)).join(', ')})`, '≤ 0 ms', fmt(over, 2), verdict(over, 0, 'lower', 'ms')]);
+    }
   }
 
   if (r.acceptance) {

@@ -45,6 +45,25 @@ function spinners(): ChildProcess[] {
   });
 }
 
+/**
+ * The p50 of one-row durable commits over `seconds`, as the machine is now (the c=1 floor's
+ * commit, measured beside each c=1 round: docs/performance.md "Targets").
+ */
+export async function measureCommitNow(seconds: number): Promise<number> {
+  const db = await createTestDatabase();
+  const client = new pg.Client(db.conn);
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+    await client.query('CREATE TABLE commit_probe (id bigserial PRIMARY KEY, n int, pad text)');
+    await commitsFor(client, 200); // warm-up
+    return await commitsFor(client, seconds * 1000);
+  } finally {
+    await client.end().catch(() => undefined);
+    await db.drop();
+  }
+}
+
 export async function measureCommitLatency(): Promise<CommitLatency> {
   const db = await createTestDatabase();
   const client = new pg.Client(db.conn);
