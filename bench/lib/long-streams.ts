@@ -298,16 +298,17 @@ export function longStreamsReport(results: LongResult[], shape: LongShape): { te
   const n = shape.streams;
   const addedTtffP99 = (sarsen?.ttff.p99 ?? NaN) - (direct?.ttff.p99 ?? NaN);
   const durationRatio = (sarsen?.duration.p50 ?? NaN) / (direct?.duration.p50 ?? NaN);
-  const cpuRatio = per100k(sarsen?.cpuMs ?? NaN, sarsen?.frames ?? NaN) / per100k(gateway?.cpuMs ?? NaN, gateway?.frames ?? NaN);
+  // Sarsen's processes and its PostgreSQL together, against the gateway's processes (it has no database).
+  const cpuRatio = per100k((sarsen?.cpuMs ?? NaN) + (sarsen?.pgCpuMs ?? NaN), sarsen?.frames ?? NaN) / per100k(gateway?.cpuMs ?? NaN, gateway?.frames ?? NaN);
   const exact = sarsen?.byteExact ?? NaN;
   const targets = [
     [`${n} long streams: completed byte-exact`, `${n}`, String(exact), exact === n ? 'met' : sarsen ? 'MISSED' : 'not measured'],
-    // Their latencies are bounded by two cores shared with the provider and the callers, not by
-    // Sarsen: judged per core by bench:capacity, and shown here without a target.
+    // Time to first frame is bounded by two cores shared with the provider and the callers:
+    // shown without a target, and judged per core by bench:capacity.
     [`${n} long streams: added time to first frame p99 (ms)`, 'none', fmt(addedTtffP99, 1), 'see bench:capacity'],
-    [`${n} long streams: duration p50, × the provider's (direct)`, 'none', fmt(durationRatio, 3), 'see bench:capacity'],
+    [`${n} long streams: duration p50, × the provider's (direct)`, '≤ 1.5', fmt(durationRatio, 3), verdict(durationRatio, 1.5, 'lower', '×')],
     [`${n} long streams: peak RSS`, '≤ 600 MB', fmt(sarsen?.peakRssMb ?? NaN, 0), verdict(sarsen?.peakRssMb ?? NaN, 600, 'lower', 'MB')],
-    [`${n} long streams: Sarsen's CPU per 100,000 frames, × the gateway's`, '≤ 1.5', fmt(cpuRatio, 2), verdict(cpuRatio, 1.5, 'lower', '×')],
+    [`${n} long streams: CPU per 100,000 frames, Sarsen's processes and PostgreSQL's, × the gateway's`, '≤ 1.0', fmt(cpuRatio, 2), verdict(cpuRatio, 1, 'lower', '×')],
   ];
   return { text: lines.join('\n'), targets };
 }
