@@ -19,7 +19,7 @@ export function startIdleCollector(httpConnections: () => number): { stop(): voi
     last = now;
     // The collection V8 makes under memory pressure: it also shrinks the young generation and
     // unmaps freed pages. A plain one leaves that to V8's memory reducer, which after a few
-    // bursts of the same size stops following up (docs/performance.md "Memory"). It pauses the
+    // bursts of the same size stops following up (docs/measurements.md "Memory"). It pauses the
     // process for some 50-75 ms, and runs only while it is idle.
     if (decide.sample(Date.now(), process.memoryUsage.rss(), utilization, httpConnections())) collect({ type: 'major', execution: 'sync', flavor: 'last-resort' });
   }, SAMPLE_MS);

@@ -1,4 +1,4 @@
-// What tracing costs a request, in isolation (docs/performance.md "Costs measured in isolation"):
+// What tracing costs a request, in isolation (docs/measurements.md "Costs measured in isolation"):
 // the CPU one process spends on the spans one non-streaming request makes (the caller's request,
 // acceptance with its group commit, the attempt, the provider call with its GenAI attributes read
 // from a real answer, settlement), sampled at 100% and exported over OTLP/HTTP to a sink that keeps

@@ -20,7 +20,7 @@ const built = new Map<string, string>();
  * image lays out /app (the SQL and the console's pages beside the code, package.json, the
  * project's node_modules), once per benchmark process; answers its main script. Run from its
  * TypeScript sources, Node also holds its type stripper for the life of the process
- * (docs/performance.md "Memory"), and the image never runs that way. `root`: another checkout's
+ * (docs/measurements.md "Memory"), and the image never runs that way. `root`: another checkout's
  * sources (bench/diagnose/ab.ts builds a base commit), compiled with this checkout's TypeScript and run
  * with its node_modules.
  */

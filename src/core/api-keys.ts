@@ -32,7 +32,7 @@ export function parseApiKey(s: string): ParsedApiKey | null {
   return m === null ? null : { prefix: m[1], secret: m[2] };
 }
 
-// Node turns a Buffer key into a key object on every HMAC (docs/performance.md "Costs
+// Node turns a Buffer key into a key object on every HMAC (docs/measurements.md "Costs
 // measured in isolation"); the deployment's key is one Buffer for the life of the process, so
 // it is done once.
 const keyObjects = new WeakMap<Buffer, KeyObject>();

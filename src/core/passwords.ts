@@ -2,7 +2,7 @@
 // `scrypt$N$r$p$saltB64$hashB64` so parameters can be raised later without a migration
 // (old hashes keep verifying under the parameters they carry).
 //
-// N=16384, r=8, p=1 (its cost: docs/performance.md "Costs measured in isolation"): slow
+// N=16384, r=8, p=1 (its cost: docs/measurements.md "Costs measured in isolation"): slow
 // enough to make offline guessing expensive, fast enough that a burst of sign-ins does not
 // stall the event loop's thread pool.
 import { randomBytes, scrypt, timingSafeEqual } from 'node:crypto';

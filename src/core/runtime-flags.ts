@@ -7,7 +7,7 @@
 //   below 2 GB V8 lets the old generation grow to at most 1.6 times what survived its last
 //   collection instead of 4 times, so garbage is collected sooner. Under a container's limit it
 //   is half of that limit (at most 1024 MB): V8's own default under a cgroup limit can exceed a
-//   small limit (docs/performance.md "Memory"), and the other half is for what lives outside V8's
+//   small limit (docs/measurements.md "Memory"), and the other half is for what lives outside V8's
 //   heap (Buffers of bodies and frames, sockets' buffers, the runtime's own code).
 // An operator's own flag for either heap size (in NODE_OPTIONS or on the command line) wins.
 

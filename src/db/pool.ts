@@ -186,7 +186,7 @@ let unreachable = false;
 /**
  * `client.query` through its callback. Through its promise form, query after query, every result
  * stayed reachable until the next full collection: results outlived the young generation and
- * filled the old one (docs/performance.md "Memory").
+ * filled the old one (docs/measurements.md "Memory").
  */
 function query(client: pg.PoolClient, config: string | pg.QueryConfig, values?: unknown[]): Promise<pg.QueryResult> {
   const run = client.query as (config: string | pg.QueryConfig, values: unknown[] | undefined, done: (err: Error | null, result: pg.QueryResult) => void) => void;

@@ -10,7 +10,7 @@ const BACKLOG = 4096;
  * Listening sockets a serving process shares its port among. libuv accepts one connection per
  * turn of the event loop from each listening socket, so a process busy with thousands of
  * streams (turns of tens of milliseconds) took new callers in at a few dozen a second while
- * they queued in the kernel (docs/performance.md "Costs measured in isolation"). Each socket
+ * they queued in the kernel (docs/measurements.md "Costs measured in isolation"). Each socket
  * adds an accept per turn; the kernel spreads connections over them.
  */
 export const ACCEPTORS = 16;
