@@ -88,15 +88,17 @@ export async function findListingRow(pool: Pool, namespaceId: string, id: string
 export type Totals = Record<RollupColumn, number>;
 
 /**
- * The all-time namespace counters: the folded rows (a few shards) and the deltas not yet folded,
- * in one snapshot, so each delta is counted once (src/db/counters.ts).
+ * The all-time namespace counters: the folded rows (a few shards) and the deltas not yet folded
+ * (of both delta tables), in one snapshot, so each delta is counted once (src/db/counters.ts).
  */
 export async function namespaceTotals(pool: Pool, namespaceId: string): Promise<Totals> {
   const { rows } = await pool.query<Totals>(
     `SELECT ${ROLLUP_COLUMNS.map((c) => `coalesce(sum(${c}), 0)::bigint AS ${c}`).join(', ')}
        FROM (SELECT ${ROLLUP_COLUMNS.join(', ')} FROM sarsen.usage_rollup WHERE namespace_id = $1
              UNION ALL
-             SELECT ${ROLLUP_COLUMNS.join(', ')} FROM sarsen.usage_rollup_deltas WHERE namespace_id = $1) AS counted`,
+             SELECT ${ROLLUP_COLUMNS.join(', ')} FROM sarsen.usage_rollup_deltas WHERE namespace_id = $1
+             UNION ALL
+             SELECT ${ROLLUP_COLUMNS.join(', ')} FROM sarsen.counter_deltas WHERE namespace_id = $1) AS counted`,
     [namespaceId],
   );
   return rows[0]!;
@@ -126,6 +128,12 @@ const USAGE_BY_KEY = prepared(
   -- What the watcher has not folded into them yet (src/db/counters.ts), from the same snapshot.
   SELECT d.api_key_id, d.ledger_events, d.provider_calls, d.prompt_tokens, d.completion_tokens, d.total_tokens, d.cache_hits
     FROM sarsen.key_usage_deltas d, edge
+   WHERE d.namespace_id = $1 AND d.hour >= edge.hour
+  UNION ALL
+  -- (A delta that adds to a namespace and its key has the key's hour: its provider calls and
+  -- cache hits count for both, and a figure it does not add is NULL.)
+  SELECT d.api_key_id, coalesce(d.ledger_events, 0), coalesce(d.provider_calls, 0), d.prompt_tokens, d.completion_tokens, d.total_tokens, coalesce(d.cache_hits, 0)
+    FROM sarsen.counter_deltas d, edge
    WHERE d.namespace_id = $1 AND d.hour >= edge.hour
   UNION ALL
   -- The part of since's hour inside the window, from the events the hourly rows were added

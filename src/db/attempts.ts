@@ -8,7 +8,7 @@ import { prepared, withTransaction } from './pool.ts';
 import type { Answer, Dialect } from './requests.ts';
 import type { BackendForCall } from './backends.ts';
 import { enqueueSql } from './jobs.ts';
-import { addToRollup, addToKeyHour } from './counters.ts';
+import { addToRollup, addToBoth } from './counters.ts';
 import { notifyEvents } from './events.ts';
 import { batchInput, namedParams, oneOfIds, withParts, type Part } from './columns.ts';
 import { appendAttempt } from './attempt-log.ts';
@@ -246,6 +246,9 @@ const SETTLE_INPUT = batchInput<Terminal, { origin: string }>(
 );
 const SETTLED_IDS = SETTLE_INPUT.array('id');
 
+// What a request's key counts of its terminal write (counters.ts addToBoth).
+const KEYED = `(outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)`;
+
 /** What every terminal write does: the input, its cost, the fenced update, the answer, the counters and the ledger. */
 const SETTLE_PARTS: readonly Part[] = [
   { name: 'input', sql: SETTLE_INPUT.rows },
@@ -283,10 +286,20 @@ const SETTLE_PARTS: readonly Part[] = [
   { name: 'answer', sql: `INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1` },
   {
     name: 'rollup',
-    sql: `${addToRollup(
+    // One delta per namespace and key: the namespace's provider calls and traffic, and the key's
+    // hour (its token entries, provider calls and tokens) where the request still has its key and
+    // settled with something a key counts. A provider call is such a thing, so the calls of a
+    // keyed delta count for its namespace and its key alike.
+    sql: `${addToBoth(
       ['provider_calls', 'upstream_sent_bytes', 'upstream_received_bytes', 'response_bytes'],
-      `SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
-            sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id`,
+      ['ledger_events', 'prompt_tokens', 'completion_tokens', 'total_tokens'],
+      `SELECT namespace_id, api_key_id, bool_or(${KEYED}) AS keyed,
+            count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
+            sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes,
+            count(*) FILTER (WHERE micros > 0 AND ${KEYED}) AS ledger_events,
+            sum(prompt) FILTER (WHERE ${KEYED}) AS prompt_tokens, sum(completion) FILTER (WHERE ${KEYED}) AS completion_tokens,
+            sum(total) FILTER (WHERE ${KEYED}) AS total_tokens
+       FROM done GROUP BY namespace_id, api_key_id`,
     )}
   RETURNING 1`,
   },
@@ -294,17 +307,6 @@ const SETTLE_PARTS: readonly Part[] = [
     name: 'entry',
     sql: `INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
-  RETURNING 1`,
-  },
-  {
-    name: 'per_key',
-    sql: `${addToKeyHour(
-      ['ledger_events', 'provider_calls', 'prompt_tokens', 'completion_tokens', 'total_tokens'],
-      `SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
-            count(*) FILTER (WHERE provider_call) AS provider_calls,
-            sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
-       FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id`,
-    )}
   RETURNING 1`,
   },
 ];

@@ -1,8 +1,8 @@
 // The counters every write path adds to: all-time namespace totals (usage_rollup) and per-key
 // hourly figures (key_usage_hourly), read by GET /usage and GET /storage (accounting.ts). A write
-// path does not update them: it appends what it adds, one plain row per namespace (or key) per
-// statement, to a delta table with no index and no key (migration 028), so a hot statement looks
-// nothing up and locks nothing. The watching executor folds the deltas into the counters
+// path does not update them: it appends what it adds, one plain row per namespace (and key) per
+// statement, to a delta table with no index and no key (migrations 028 and 033), so a hot
+// statement looks nothing up and locks nothing. The watching executor folds the deltas into the counters
 // (foldCounters), and readers sum both, so every figure is exact to the last commit.
 import type { Pool } from './pool.ts';
 
@@ -33,14 +33,25 @@ type KeyColumn = 'ledger_events' | 'provider_calls' | 'prompt_tokens' | 'complet
 const KEY_COLUMNS: readonly KeyColumn[] = ['ledger_events', 'provider_calls', 'prompt_tokens', 'completion_tokens', 'total_tokens', 'cache_hits'];
 const NULLABLE: readonly KeyColumn[] = ['prompt_tokens', 'completion_tokens', 'total_tokens'];
 
+/** The per-key figures only a key's delta carries (its provider calls and cache hits are its namespace's: see addToBoth). */
+type KeyOnlyColumn = 'ledger_events' | 'prompt_tokens' | 'completion_tokens' | 'total_tokens';
+const TOKENS: readonly string[] = NULLABLE;
+
 /**
- * INSERT of what a statement adds to this hour's per-key figures. `select` yields
- * `namespace_id`, `api_key_id` and the named columns. Token sums stay NULL until something
- * reports a number.
+ * INSERT of what a statement adds to the namespace totals and to this hour's per-key figures:
+ * one row of counter_deltas per namespace and key, where two tables took a row each (migration
+ * 033). `select` yields `namespace_id`, `api_key_id`, `keyed` (whether the group adds to its
+ * key's hour: a request whose key is gone, or a group with nothing a key counts, does not) and
+ * one column per name. A keyed row's `provider_calls` and `cache_hits` count for its namespace
+ * and its key alike, so `select` must count the same rows for both. A figure of 0 is stored as
+ * NULL (nothing); token sums stay NULL until something reports a number.
  */
-export function addToKeyHour(columns: readonly KeyColumn[], select: string): string {
-  return `INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ${columns.join(', ')})
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ${columns.join(', ')} FROM (${select}) AS added`;
+export function addToBoth(rollup: readonly RollupColumn[], key: readonly KeyOnlyColumn[], select: string): string {
+  const columns = [...rollup, ...key];
+  return `INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, ${columns.join(', ')})
+  SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
+         ${columns.map((c) => (TOKENS.includes(c) ? c : `nullif(${c}, 0)`)).join(', ')}
+    FROM (${select}) AS added`;
 }
 
 // How many deltas of each table one fold statement takes: a backlog (after a time with no
@@ -65,12 +76,37 @@ const foldSql = (deltas: string, counters: string, key: readonly string[], colum
 )
 SELECT count(*)::int AS n FROM gone`;
 
+// NULL plus NULL is NULL, NULL plus a count is the count.
+const KEY_ADD = (c: string) =>
+  NULLABLE.includes(c as KeyColumn) ? `CASE WHEN EXCLUDED.${c} IS NULL THEN c.${c} ELSE coalesce(c.${c}, 0) + EXCLUDED.${c} END` : `c.${c} + EXCLUDED.${c}`;
+
+// A row of counter_deltas adds to its namespace's totals and, with an hour, to its key's: one
+// statement deletes a batch and adds to both, so a reader sees each row once either way.
+const FOLD_BOTH = `WITH gone AS (
+  DELETE FROM sarsen.counter_deltas
+   WHERE ctid = ANY(ARRAY(SELECT ctid FROM sarsen.counter_deltas LIMIT ${FOLD_BATCH}))
+  RETURNING *
+), folded AS (
+  INSERT INTO sarsen.usage_rollup AS c (namespace_id, shard, ${ROLLUP_COLUMNS.join(', ')})
+  SELECT namespace_id, 0, ${ROLLUP_COLUMNS.map((c) => `coalesce(sum(${c}), 0)`).join(', ')} FROM gone GROUP BY namespace_id ORDER BY namespace_id
+  ON CONFLICT (namespace_id, shard) DO UPDATE
+    SET ${ROLLUP_COLUMNS.map((c) => `${c} = c.${c} + EXCLUDED.${c}`).join(', ')}
+  RETURNING 1
+), keyed AS (
+  INSERT INTO sarsen.key_usage_hourly AS c (namespace_id, hour, api_key_id, shard, ${KEY_COLUMNS.join(', ')})
+  SELECT namespace_id, hour, api_key_id, 0, ${KEY_COLUMNS.map((c) => (NULLABLE.includes(c) ? `sum(${c})` : `coalesce(sum(${c}), 0)`)).join(', ')}
+    FROM gone WHERE hour IS NOT NULL GROUP BY namespace_id, hour, api_key_id ORDER BY namespace_id, hour, api_key_id
+  ON CONFLICT (namespace_id, hour, api_key_id, shard) DO UPDATE
+    SET ${KEY_COLUMNS.map((c) => `${c} = ${KEY_ADD(c)}`).join(', ')}
+  RETURNING 1
+)
+SELECT count(*)::int AS n FROM gone`;
+
 const FOLDS = [
+  FOLD_BOTH,
   foldSql('usage_rollup_deltas', 'usage_rollup', ['namespace_id'], ROLLUP_COLUMNS, (c) => `c.${c} + EXCLUDED.${c}`),
-  // NULL plus NULL is NULL, NULL plus a count is the count.
-  foldSql('key_usage_deltas', 'key_usage_hourly', ['namespace_id', 'hour', 'api_key_id'], KEY_COLUMNS, (c) =>
-    NULLABLE.includes(c as KeyColumn) ? `CASE WHEN EXCLUDED.${c} IS NULL THEN c.${c} ELSE coalesce(c.${c}, 0) + EXCLUDED.${c} END` : `c.${c} + EXCLUDED.${c}`,
-  ),
+  // What releases before migration 033 appended per key.
+  foldSql('key_usage_deltas', 'key_usage_hourly', ['namespace_id', 'hour', 'api_key_id'], KEY_COLUMNS, KEY_ADD),
 ];
 
 /** Folds every delta committed so far into the counters. Answers how many it folded. */
@@ -91,5 +127,5 @@ export async function foldCounters(pool: Pick<Pool, 'query'>): Promise<number> {
  * autovacuum would (it may be off; migration 028 asks it to visit these tables often).
  */
 export async function vacuumDeltas(pool: Pick<Pool, 'query'>): Promise<void> {
-  await pool.query('VACUUM sarsen.usage_rollup_deltas, sarsen.key_usage_deltas');
+  await pool.query('VACUUM sarsen.counter_deltas, sarsen.usage_rollup_deltas, sarsen.key_usage_deltas');
 }

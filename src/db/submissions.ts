@@ -13,7 +13,7 @@ import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
 import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
-import { addToRollup, addToKeyHour } from './counters.ts';
+import { addToBoth } from './counters.ts';
 import { batchInput, namedParams, withParts, type Column, type Part } from './columns.ts';
 import { limitParts, type KeyLimits, type Refused } from './rate-limits.ts';
 import { cacheLookupParts, TAKEOVER } from './response-cache.ts';
@@ -185,56 +185,38 @@ function submitSql(shape: SubmitShape): string {
     FROM placed WHERE ${LANDED} ORDER BY ord
   RETURNING 1`,
     },
-    ...(shape.cache ? [COUNTED_WITH_HITS, HOURLY_WITH_HITS] : [COUNTED, HOURLY]),
+    shape.cache ? COUNTED_WITH_HITS : COUNTED,
   ];
   return withParts(parts, finalSelect(shape));
 }
 
+// One delta per namespace and key counts what landed: its submissions, the bytes of the bodies
+// it stored, and its ledger entries (each landed submission writes one).
 const COUNTED: Part = {
   name: 'counted',
-  sql: `${addToRollup(
+  sql: `${addToBoth(
     ['accepted_submissions', 'request_bytes'],
-    `SELECT namespace_id, count(*) AS accepted_submissions,
-            coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes
-       FROM placed WHERE ${LANDED} GROUP BY namespace_id`,
-  )}
-  RETURNING 1`,
-};
-
-const HOURLY: Part = {
-  name: 'hourly',
-  sql: `${addToKeyHour(
     ['ledger_events'],
-    `SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
+    `SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions,
+            coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes, count(*) AS ledger_events
+       FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
   )}
   RETURNING 1`,
 };
 
-// With the cache, one delta per namespace (and per key) counts both kinds of submission: those
-// that landed on an execution, and those answered from the cache.
+// With the cache, one delta per namespace and key counts both kinds of submission: those that
+// landed on an execution, and those answered from the cache (a ledger entry each).
 const COUNTED_WITH_HITS: Part = {
   name: 'counted',
-  sql: `${addToRollup(
+  sql: `${addToBoth(
     ['accepted_submissions', 'request_bytes', 'response_bytes', 'chunk_bytes', 'cache_hits'],
-    `SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
-            sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits
-       FROM (SELECT namespace_id, CASE WHEN ${NEW} THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
+    ['ledger_events'],
+    `SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
+            sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits, count(*) AS ledger_events
+       FROM (SELECT namespace_id, api_key_id, CASE WHEN ${NEW} THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
                FROM placed WHERE ${LANDED}
              UNION ALL
-             SELECT namespace_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
-      GROUP BY namespace_id`,
-  )}
-  RETURNING 1`,
-};
-
-const HOURLY_WITH_HITS: Part = {
-  name: 'hourly',
-  sql: `${addToKeyHour(
-    ['ledger_events', 'cache_hits'],
-    `SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
-       FROM (SELECT namespace_id, api_key_id, 0 AS cache_hits FROM placed WHERE ${LANDED}
-             UNION ALL
-             SELECT namespace_id, api_key_id, 1 FROM served) AS landed
+             SELECT namespace_id, api_key_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
       GROUP BY namespace_id, api_key_id`,
   )}
   RETURNING 1`,

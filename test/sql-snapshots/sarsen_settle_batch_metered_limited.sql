@@ -30,20 +30,20 @@ WITH input AS (
 ), answer AS (
   INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
 ), rollup AS (
-  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes)
-  SELECT namespace_id, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes FROM (SELECT namespace_id, count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
-            sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes FROM done GROUP BY namespace_id) AS added
+  INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes, ledger_events, prompt_tokens, completion_tokens, total_tokens)
+  SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
+         nullif(provider_calls, 0), nullif(upstream_sent_bytes, 0), nullif(upstream_received_bytes, 0), nullif(response_bytes, 0), nullif(ledger_events, 0), prompt_tokens, completion_tokens, total_tokens
+    FROM (SELECT namespace_id, api_key_id, bool_or((outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS keyed,
+            count(*) FILTER (WHERE provider_call) AS provider_calls, sum(sent) AS upstream_sent_bytes,
+            sum(received) AS upstream_received_bytes, sum(octet_length(body)) AS response_bytes,
+            count(*) FILTER (WHERE micros > 0 AND (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS ledger_events,
+            sum(prompt) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS prompt_tokens, sum(completion) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS completion_tokens,
+            sum(total) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS total_tokens
+       FROM done GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
-  RETURNING 1
-), per_key AS (
-  INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ledger_events, provider_calls, prompt_tokens, completion_tokens, total_tokens FROM (SELECT namespace_id, api_key_id, count(*) FILTER (WHERE micros > 0) AS ledger_events,
-            count(*) FILTER (WHERE provider_call) AS provider_calls,
-            sum(prompt) AS prompt_tokens, sum(completion) AS completion_tokens, sum(total) AS total_tokens
-       FROM done WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL) AND api_key_id IS NOT NULL GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 ), window_tokens AS (
   INSERT INTO sarsen.key_window_tokens AS w (api_key_id, window_start, tokens)

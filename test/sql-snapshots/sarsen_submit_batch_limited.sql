@@ -81,14 +81,12 @@ WITH given AS (
     FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
   RETURNING 1
 ), counted AS (
-  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, accepted_submissions, request_bytes)
-  SELECT namespace_id, accepted_submissions, request_bytes FROM (SELECT namespace_id, count(*) AS accepted_submissions,
-            coalesce(sum(octet_length(body)) FILTER (WHERE request_id = id), 0) AS request_bytes
-       FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id) AS added
-  RETURNING 1
-), hourly AS (
-  INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ledger_events)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ledger_events FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id, api_key_id) AS added
+  INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, accepted_submissions, request_bytes, ledger_events)
+  SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
+         nullif(accepted_submissions, 0), nullif(request_bytes, 0), nullif(ledger_events, 0)
+    FROM (SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions,
+            coalesce(sum(octet_length(body)) FILTER (WHERE request_id = id), 0) AS request_bytes, count(*) AS ledger_events
+       FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
 SELECT p.request_id AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,

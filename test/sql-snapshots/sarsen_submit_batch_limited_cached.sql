@@ -133,21 +133,15 @@ WITH given AS (
     FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
   RETURNING 1
 ), counted AS (
-  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits)
-  SELECT namespace_id, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits FROM (SELECT namespace_id, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
-            sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits
-       FROM (SELECT namespace_id, CASE WHEN request_id = id THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
+  INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits, ledger_events)
+  SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
+         nullif(accepted_submissions, 0), nullif(request_bytes, 0), nullif(response_bytes, 0), nullif(chunk_bytes, 0), nullif(cache_hits, 0), nullif(ledger_events, 0)
+    FROM (SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
+            sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits, count(*) AS ledger_events
+       FROM (SELECT namespace_id, api_key_id, CASE WHEN request_id = id THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
                FROM placed WHERE request_id IS NOT NULL AND NOT repeated
              UNION ALL
-             SELECT namespace_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
-      GROUP BY namespace_id) AS added
-  RETURNING 1
-), hourly AS (
-  INSERT INTO sarsen.key_usage_deltas (namespace_id, api_key_id, hour, ledger_events, cache_hits)
-  SELECT namespace_id, api_key_id, date_trunc('hour', now()), ledger_events, cache_hits FROM (SELECT namespace_id, api_key_id, count(*) AS ledger_events, sum(cache_hits) AS cache_hits
-       FROM (SELECT namespace_id, api_key_id, 0 AS cache_hits FROM placed WHERE request_id IS NOT NULL AND NOT repeated
-             UNION ALL
-             SELECT namespace_id, api_key_id, 1 FROM served) AS landed
+             SELECT namespace_id, api_key_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
       GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
