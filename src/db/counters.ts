@@ -21,12 +21,12 @@ export const ROLLUP_COLUMNS: readonly RollupColumn[] = [
 ];
 
 /**
- * INSERT of what a statement adds to the namespace totals. `select` yields `namespace_id` and
- * one column per name in `columns`.
+ * INSERT of what a statement adds to the namespace totals alone: a row of counter_deltas with no
+ * key. `select` yields `namespace_id` and one column per name in `columns`.
  */
 export function addToRollup(columns: readonly RollupColumn[], select: string): string {
-  return `INSERT INTO sarsen.usage_rollup_deltas (namespace_id, ${columns.join(', ')})
-  SELECT namespace_id, ${columns.join(', ')} FROM (${select}) AS added`;
+  return `INSERT INTO sarsen.counter_deltas (namespace_id, ${columns.join(', ')})
+  SELECT namespace_id, ${columns.map((c) => `nullif(${c}, 0)`).join(', ')} FROM (${select}) AS added`;
 }
 
 type KeyColumn = 'ledger_events' | 'provider_calls' | 'prompt_tokens' | 'completion_tokens' | 'total_tokens' | 'cache_hits';

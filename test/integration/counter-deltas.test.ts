@@ -73,7 +73,8 @@ describe('counter deltas', function () {
     await exact();
     await foldCounters(server.pool);
     const { rows } = await server.pool.query<{ n: number }>(
-      `SELECT (SELECT count(*) FROM sarsen.usage_rollup_deltas WHERE namespace_id = $1) + (SELECT count(*) FROM sarsen.key_usage_deltas WHERE namespace_id = $1) AS n`,
+      `SELECT (SELECT count(*) FROM sarsen.counter_deltas WHERE namespace_id = $1) + (SELECT count(*) FROM sarsen.usage_rollup_deltas WHERE namespace_id = $1)
+            + (SELECT count(*) FROM sarsen.key_usage_deltas WHERE namespace_id = $1) AS n`,
       [t.namespaceId],
     );
     expect(Number(rows[0]!.n), 'deltas left after a fold').to.equal(0);
@@ -84,9 +85,10 @@ describe('counter deltas', function () {
 
   it('are never truncated by a vacuum, whose exclusive lock would hold up every hot statement', async () => {
     const { rows } = await server.pool.query<{ relname: string; reloptions: string[] }>(
-      `SELECT relname, reloptions FROM pg_class WHERE oid IN ('sarsen.usage_rollup_deltas'::regclass, 'sarsen.key_usage_deltas'::regclass) ORDER BY relname`,
+      `SELECT relname, reloptions FROM pg_class WHERE oid IN ('sarsen.counter_deltas'::regclass, 'sarsen.usage_rollup_deltas'::regclass, 'sarsen.key_usage_deltas'::regclass) ORDER BY relname`,
     );
     expect(rows.map((r) => [r.relname, r.reloptions.includes('vacuum_truncate=false')])).to.deep.equal([
+      ['counter_deltas', true],
       ['key_usage_deltas', true],
       ['usage_rollup_deltas', true],
     ]);

@@ -18,8 +18,8 @@ WITH victims AS (
    WHERE q.id = v.id AND q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.attempts = v.attempt AND q.status = 'running'
   RETURNING q.id, q.namespace_id, v.attempt, coalesce(f.bytes, 0) AS bytes
 ), unstored AS (
-  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, chunk_bytes)
-  SELECT namespace_id, chunk_bytes FROM (SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0) AS added
+  INSERT INTO sarsen.counter_deltas (namespace_id, chunk_bytes)
+  SELECT namespace_id, nullif(chunk_bytes, 0) FROM (SELECT namespace_id, -sum(bytes) AS chunk_bytes FROM requeued GROUP BY namespace_id HAVING sum(bytes) > 0) AS added
   RETURNING 1
 ), queued AS (
   SELECT graphile_worker.add_job('execute_request', json_build_object('request_id', id), priority => -1, job_key => id, max_attempts => 25) FROM requeued
