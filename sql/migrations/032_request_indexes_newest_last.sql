@@ -30,7 +30,9 @@ DROP INDEX sarsen.requests_namespace_finished_idx;
 CREATE INDEX requests_namespace_finished_idx ON sarsen.requests (expired, namespace_id, finished_at)
   WHERE status IN ('succeeded', 'failed');
 
--- 3. The rows past listing_horizon_days are found through that index too, namespace by
---    namespace (src/db/retention.ts), so the index of finished records by finish time alone
---    (005), another entry from every finished request, goes.
+-- 3. The listing-row sweep reads swept records by finish time (src/db/retention.ts): 005's
+--    index held every finished record, an entry from every terminal write. It holds the swept
+--    ones only now, whose entry the sweep's own write of `expired` adds: a request that is
+--    answered writes none.
 DROP INDEX sarsen.requests_finished_idx;
+CREATE INDEX requests_finished_idx ON sarsen.requests (finished_at) WHERE expired AND status IN ('succeeded', 'failed');

@@ -126,29 +126,14 @@ export async function sweepLapsedClaims(pool: Db, limit: number): Promise<number
   return rowCount ?? 0;
 }
 
-/**
- * Listing metadata past its own horizon: the request row goes entirely, and its provider response
- * ids with it. The swept records are read through the index of finished records by namespace and
- * finish time (migration 032): each namespace holding some is found by one descent from the
- * previous (a loose index scan), and its oldest are a range of it.
- */
+/** Listing metadata past its own horizon: the request row goes entirely, and its provider response ids with it. */
 export async function sweepListingRows(pool: Db, days: number, limit: number): Promise<number> {
   const { rows } = await pool.query<{ deleted: number }>(
-    `WITH RECURSIVE spaces AS (
-       (SELECT namespace_id FROM sarsen.requests WHERE expired AND status IN ('succeeded', 'failed') ORDER BY namespace_id LIMIT 1)
-       UNION ALL
-       SELECT (SELECT q.namespace_id FROM sarsen.requests q
-                WHERE q.expired AND q.status IN ('succeeded', 'failed') AND q.namespace_id > s.namespace_id
-                ORDER BY q.namespace_id LIMIT 1)
-         FROM spaces s WHERE s.namespace_id IS NOT NULL
-     ), gone AS (
+    `WITH gone AS (
        DELETE FROM sarsen.requests WHERE id IN (
-         SELECT v.id FROM spaces s CROSS JOIN LATERAL (
-           SELECT q.id FROM sarsen.requests q
-            WHERE q.expired AND q.status IN ('succeeded', 'failed') AND q.namespace_id = s.namespace_id
-              AND q.finished_at < now() - make_interval(days => $1::int)
-            ORDER BY q.finished_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS v
-          LIMIT $2)
+         SELECT id FROM sarsen.requests
+          WHERE expired AND status IN ('succeeded', 'failed') AND finished_at < now() - make_interval(days => $1::int)
+          ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
        RETURNING id
      ), ids AS (
        DELETE FROM sarsen.provider_response_ids WHERE request_id IN (SELECT id FROM gone)
