@@ -1,7 +1,7 @@
 -- Up Migration
 
 -- Less index work per request (issue 62, target 3). No record is touched: only indexes of
--- sarsen.requests are rebuilt, and its partitions' fill factor is set.
+-- sarsen.requests are rebuilt (new partitions take them from the parent, src/db/partitions.ts).
 --
 -- 1. The listing's indexes keep a namespace's requests oldest first. Declared `id DESC`
 --    (migrations 003, 014, 021), every new request went to the left end of its namespace's
