@@ -7,8 +7,10 @@
 --    (migrations 003, 014, 021), every new request went to the left end of its namespace's
 --    range, where a full leaf page splits in halves and logs the older half (about 4 kB) every
 --    few dozen requests, leaving each page half empty for good. Ascending, a new request goes to
---    the right end, where the last page of the index splits leaving the old page full. A
---    listing page, newest first, is the same index range read backwards.
+--    the right end: where that is the end of the index (the namespace created last, as
+--    namespace ids sort by creation time), the last page splits leaving the old page full;
+--    elsewhere pages still split in halves, as before. A listing page, newest first, is the
+--    same index range read backwards.
 DROP INDEX sarsen.requests_namespace_idx;
 CREATE INDEX requests_namespace_idx ON sarsen.requests (namespace_id, id);
 DROP INDEX sarsen.requests_namespace_key_idx;
