@@ -149,7 +149,9 @@ const USAGE_BY_KEY = prepared(
          CASE WHEN q.status = 'succeeded' THEN q.completion_tokens END,
          CASE WHEN q.status = 'succeeded' THEN q.total_tokens END, 0
     FROM sarsen.requests q, edge
-   WHERE q.namespace_id = $1 AND q.status IN ('succeeded', 'failed') AND q.finished_at >= $2 AND q.finished_at < edge.hour
+   -- Swept or not: both ranges of the namespace's index by finish time (migration 032).
+   WHERE q.namespace_id = $1 AND q.expired = ANY ('{false,true}'::boolean[]) AND q.status IN ('succeeded', 'failed')
+     AND q.finished_at >= $2 AND q.finished_at < edge.hour
      AND q.api_key_id IS NOT NULL AND (q.status = 'succeeded' OR q.provider_reached) AND q.cached_from IS NULL
 )
 SELECT api_key_id, sum(ledger_events)::bigint AS ledger_events, sum(provider_calls)::bigint AS provider_calls,
