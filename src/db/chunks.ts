@@ -6,6 +6,7 @@ import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
 import { addToRollup } from './counters.ts';
 import { notifyEvents } from './events.ts';
+import { isUniqueViolation } from './pg-errors.ts';
 import { batchInput, bytesFrom, notBelowIds, oneOfIds, selectBytes, withParts, type Bytes } from './columns.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
@@ -58,33 +59,29 @@ const STORE_SQL = withParts(
      FOR SHARE OF q`,
     },
     {
+      // Each row to store, and whether its sequence number is stored already: NULL when not, true
+      // when by these very frames (a flush repeated because its commit's answer was lost: they
+      // count as stored, their bytes once), false when by others (refused). Looked up here rather
+      // than left to ON CONFLICT, whose speculative insertion logs a second WAL record for every
+      // row (docs/durability.md "Stream frames").
+      name: 'found',
+      materialized: true,
+      sql: `SELECT i.request_id, i.attempt, i.last_seq, i.frames, i.lengths,
+          (SELECT k.attempt = i.attempt AND k.frames = i.frames FROM sarsen.chunks k
+            WHERE k.request_id = i.request_id AND k.last_seq = i.last_seq AND ${notBelowIds('k.request_id', STORE_INPUT.array('request_id'))}) AS stored
+     FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt`,
+    },
+    {
       name: 'inserted',
       sql: `INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
-  SELECT i.request_id, i.last_seq, i.attempt, i.frames, i.lengths::int[] FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
-  ON CONFLICT (request_id, last_seq) DO NOTHING
+  SELECT request_id, last_seq, attempt, frames, lengths::int[] FROM found WHERE stored IS NULL
   RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes`,
     },
     {
-      // The rows not inserted, materialized so that the lookup below runs for these alone.
-      name: 'missed',
-      materialized: true,
-      sql: `SELECT i.request_id, i.attempt, i.last_seq, i.frames FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
-   WHERE NOT EXISTS (SELECT 1 FROM inserted n WHERE n.request_id = i.request_id AND n.last_seq = i.last_seq)`,
-    },
-    {
-      // A flush repeated because its commit's answer was lost finds its rows stored (this
-      // statement's snapshot shows them, not the ones it inserts): they count as stored, and
-      // their bytes are counted once. (A partitioned table returns no xmax to tell them apart.)
       name: 'ins',
       sql: `SELECT * FROM inserted
   UNION ALL
-  SELECT request_id, attempt, last_seq, 0 FROM (
-    SELECT m.request_id, m.attempt, m.last_seq,
-           EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = m.request_id AND k.last_seq = m.last_seq
-                      AND ${notBelowIds('k.request_id', STORE_INPUT.array('request_id'))}
-                      AND k.attempt = m.attempt AND k.frames = m.frames) AS stored
-      FROM missed m
-  ) AS again WHERE stored`,
+  SELECT request_id, attempt, last_seq, 0 FROM found WHERE stored`,
     },
     { name: 'per_request', sql: `SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt` },
     {
@@ -116,10 +113,18 @@ export type Stored = Map<string, { attempt: number; seq: number }>;
  * discards its frames.)
  */
 export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Stored> {
-  const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(
-    STORE(STORE_INPUT.values(pack(frames), { origin })),
-  );
-  return new Map(stored.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
+  const values = STORE_INPUT.values(pack(frames), { origin });
+  for (let tries = 1; ; tries++) {
+    try {
+      const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(STORE(values));
+      return new Map(stored.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
+    } catch (err) {
+      // A row this statement did not see stored was committed meanwhile under the same key (a
+      // repeat of this flush whose first run was still committing): the statement stored nothing,
+      // and run again it sees that row.
+      if (!isUniqueViolation(err) || tries >= 3) throw err;
+    }
+  }
 }
 
 type StoredRow = { last_seq: number; attempt: number; frames: Bytes; frame_lengths: number[] | null };
