@@ -6,19 +6,10 @@ WITH input AS (
     JOIN (SELECT DISTINCT request_id, attempt FROM input) AS i ON q.id = i.request_id AND q.attempts = i.attempt
    WHERE q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.status = 'running'
      FOR SHARE OF q
-), found AS MATERIALIZED (
-  SELECT i.request_id, i.attempt, i.last_seq, i.frames, i.lengths,
-          (SELECT k.attempt = i.attempt AND k.frames = i.frames FROM sarsen.chunks k
-            WHERE k.request_id = i.request_id AND k.last_seq = i.last_seq AND k.request_id >= sarsen.least_id($1::text[])) AS stored
-     FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
-), inserted AS (
-  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
-  SELECT request_id, last_seq, attempt, frames, lengths::int[] FROM found WHERE stored IS NULL
-  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes
 ), ins AS (
-  SELECT * FROM inserted
-  UNION ALL
-  SELECT request_id, attempt, last_seq, 0 FROM found WHERE stored
+  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
+  SELECT request_id, last_seq, attempt, frames, lengths::int[] FROM (SELECT i.* FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt) AS i
+  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes
 ), per_request AS (
   SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt
 ), stored AS (
