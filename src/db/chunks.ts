@@ -6,6 +6,7 @@ import { prepared } from './pool.ts';
 import type { ChunkRow } from './requests.ts';
 import { addToRollup } from './counters.ts';
 import { notifyEvents } from './events.ts';
+import { isUniqueViolation } from './pg-errors.ts';
 import { batchInput, bytesFrom, notBelowIds, oneOfIds, selectBytes, withParts, type Bytes } from './columns.ts';
 
 export type FrameRow = { requestId: string; attempt: number; seq: number; frame: Buffer };
@@ -43,67 +44,76 @@ const STORE_INPUT = batchInput<Packed, { origin: string }>(
   { origin: 'text' },
 );
 
-const STORE_SQL = withParts(
-  [
-    { name: 'input', sql: STORE_INPUT.rows },
-    {
-      name: 'fenced',
-      // The fence: frames are stored only while their attempt holds the request (a flush may also
-      // carry a discarded attempt's last frames: they are joined by attempt too, and left out).
-      // The share lock keeps a recovery (which takes the row for update) from slipping in before
-      // this commits.
-      sql: `SELECT q.id, q.attempts AS attempt, q.namespace_id FROM sarsen.requests q
+/**
+ * The flush of frames. `again`: the statement a flush runs after the plain one was refused by the
+ * primary key, which looks up each row's sequence number first. The plain statement inserts
+ * without looking (no ON CONFLICT either: a speculative insertion logs a second WAL record for
+ * every row; docs/durability.md "Stream frames").
+ */
+function storeSql(again: boolean): string {
+  const fencedInput = 'input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt';
+  const insert = (from: string) => `INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
+  SELECT request_id, last_seq, attempt, frames, lengths::int[] FROM ${from}
+  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes`;
+  const writes = again
+    ? [
+        {
+          // Each row and whether its sequence number is stored already: NULL when not, true when
+          // by these very frames (a flush repeated because its commit's answer was lost: they count
+          // as stored, their bytes once), false when by others (refused).
+          name: 'found',
+          materialized: true,
+          sql: `SELECT i.request_id, i.attempt, i.last_seq, i.frames, i.lengths,
+          (SELECT k.attempt = i.attempt AND k.frames = i.frames FROM sarsen.chunks k
+            WHERE k.request_id = i.request_id AND k.last_seq = i.last_seq AND ${notBelowIds('k.request_id', STORE_INPUT.array('request_id'))}) AS stored
+     FROM ${fencedInput}`,
+        },
+        { name: 'inserted', sql: insert('found WHERE stored IS NULL') },
+        {
+          name: 'ins',
+          sql: `SELECT * FROM inserted
+  UNION ALL
+  SELECT request_id, attempt, last_seq, 0 FROM found WHERE stored`,
+        },
+      ]
+    : [{ name: 'ins', sql: insert(`(SELECT i.* FROM ${fencedInput}) AS i`) }];
+  return withParts(
+    [
+      { name: 'input', sql: STORE_INPUT.rows },
+      {
+        name: 'fenced',
+        // The fence: frames are stored only while their attempt holds the request (a flush may also
+        // carry a discarded attempt's last frames: they are joined by attempt too, and left out).
+        // The share lock keeps a recovery (which takes the row for update) from slipping in before
+        // this commits.
+        sql: `SELECT q.id, q.attempts AS attempt, q.namespace_id FROM sarsen.requests q
     JOIN (SELECT DISTINCT request_id, attempt FROM input) AS i ON q.id = i.request_id AND q.attempts = i.attempt
    WHERE ${oneOfIds('q.id', STORE_INPUT.array('request_id'))} AND q.status = 'running'
      FOR SHARE OF q`,
-    },
-    {
-      name: 'inserted',
-      sql: `INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
-  SELECT i.request_id, i.last_seq, i.attempt, i.frames, i.lengths::int[] FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
-  ON CONFLICT (request_id, last_seq) DO NOTHING
-  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes`,
-    },
-    {
-      // The rows not inserted, materialized so that the lookup below runs for these alone.
-      name: 'missed',
-      materialized: true,
-      sql: `SELECT i.request_id, i.attempt, i.last_seq, i.frames FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
-   WHERE NOT EXISTS (SELECT 1 FROM inserted n WHERE n.request_id = i.request_id AND n.last_seq = i.last_seq)`,
-    },
-    {
-      // A flush repeated because its commit's answer was lost finds its rows stored (this
-      // statement's snapshot shows them, not the ones it inserts): they count as stored, and
-      // their bytes are counted once. (A partitioned table returns no xmax to tell them apart.)
-      name: 'ins',
-      sql: `SELECT * FROM inserted
-  UNION ALL
-  SELECT request_id, attempt, last_seq, 0 FROM (
-    SELECT m.request_id, m.attempt, m.last_seq,
-           EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = m.request_id AND k.last_seq = m.last_seq
-                      AND ${notBelowIds('k.request_id', STORE_INPUT.array('request_id'))}
-                      AND k.attempt = m.attempt AND k.frames = m.frames) AS stored
-      FROM missed m
-  ) AS again WHERE stored`,
-    },
-    { name: 'per_request', sql: `SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt` },
-    {
-      name: 'stored',
-      sql: `${addToRollup(
-        ['chunk_bytes'],
-        `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id AND f.attempt = p.attempt GROUP BY f.namespace_id`,
-      )}
+      },
+      ...writes,
+      { name: 'per_request', sql: `SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt` },
+      {
+        name: 'stored',
+        sql: `${addToRollup(
+          ['chunk_bytes'],
+          `SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id AND f.attempt = p.attempt GROUP BY f.namespace_id`,
+        )}
   RETURNING 1`,
-    },
-    { name: 'notified', sql: notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, STORE_INPUT.param('origin')) },
-  ],
-  `SELECT p.request_id, p.attempt, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) FROM stored) AS side_effects
+      },
+      { name: 'notified', sql: notifyEvents(`SELECT request_id, 'frames' AS event, seq AS arg FROM per_request`, STORE_INPUT.param('origin')) },
+    ],
+    `SELECT p.request_id, p.attempt, p.seq, (SELECT count(*) FROM notified) + (SELECT count(*) FROM stored) AS side_effects
   FROM per_request p`,
-);
+  );
+}
+const STORE_SQL = storeSql(false);
+const STORE_AGAIN_SQL = storeSql(true);
 const STORE = prepared('sarsen_store_frames', STORE_SQL);
+const STORE_AGAIN = prepared('sarsen_store_frames_again', STORE_AGAIN_SQL);
 
 /** The statements' text by name (test/sql-snapshots holds a copy of each). */
-export const FRAME_SQL: Readonly<Record<string, string>> = { sarsen_store_frames: STORE_SQL };
+export const FRAME_SQL: Readonly<Record<string, string>> = { sarsen_store_frames: STORE_SQL, sarsen_store_frames_again: STORE_AGAIN_SQL };
 
 export type Stored = Map<string, { attempt: number; seq: number }>;
 
@@ -116,10 +126,18 @@ export type Stored = Map<string, { attempt: number; seq: number }>;
  * discards its frames.)
  */
 export async function storeFrames(pool: Pool, frames: readonly FrameRow[], origin: string): Promise<Stored> {
-  const { rows: stored } = await pool.query<{ request_id: string; attempt: number; seq: number }>(
-    STORE(STORE_INPUT.values(pack(frames), { origin })),
-  );
-  return new Map(stored.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
+  const values = STORE_INPUT.values(pack(frames), { origin });
+  for (let again = 0; ; again++) {
+    try {
+      const { rows } = await pool.query<{ request_id: string; attempt: number; seq: number }>((again ? STORE_AGAIN : STORE)(values));
+      return new Map(rows.map((r) => [r.request_id, { attempt: r.attempt, seq: r.seq }]));
+    } catch (err) {
+      // A sequence number is stored already (this flush repeated because its commit's answer was
+      // lost, or its first try committed meanwhile): the statement stored nothing, and the one
+      // that looks each row up first finds what is.
+      if (!isUniqueViolation(err) || again >= 2) throw err;
+    }
+  }
 }
 
 type StoredRow = { last_seq: number; attempt: number; frames: Bytes; frame_lengths: number[] | null };

@@ -6,24 +6,10 @@ WITH input AS (
     JOIN (SELECT DISTINCT request_id, attempt FROM input) AS i ON q.id = i.request_id AND q.attempts = i.attempt
    WHERE q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.status = 'running'
      FOR SHARE OF q
-), inserted AS (
-  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
-  SELECT i.request_id, i.last_seq, i.attempt, i.frames, i.lengths::int[] FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
-  ON CONFLICT (request_id, last_seq) DO NOTHING
-  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes
-), missed AS MATERIALIZED (
-  SELECT i.request_id, i.attempt, i.last_seq, i.frames FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt
-   WHERE NOT EXISTS (SELECT 1 FROM inserted n WHERE n.request_id = i.request_id AND n.last_seq = i.last_seq)
 ), ins AS (
-  SELECT * FROM inserted
-  UNION ALL
-  SELECT request_id, attempt, last_seq, 0 FROM (
-    SELECT m.request_id, m.attempt, m.last_seq,
-           EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = m.request_id AND k.last_seq = m.last_seq
-                      AND k.request_id >= sarsen.least_id($1::text[])
-                      AND k.attempt = m.attempt AND k.frames = m.frames) AS stored
-      FROM missed m
-  ) AS again WHERE stored
+  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
+  SELECT request_id, last_seq, attempt, frames, lengths::int[] FROM (SELECT i.* FROM input i JOIN fenced f ON f.id = i.request_id AND f.attempt = i.attempt) AS i
+  RETURNING request_id, attempt, last_seq, octet_length(frames) AS bytes
 ), per_request AS (
   SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt
 ), stored AS (
