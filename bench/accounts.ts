@@ -7,11 +7,10 @@
 // `--verbose` prints EXPLAIN (ANALYZE, BUFFERS) of the statements behind the routes.
 import os from 'node:os';
 import { Pool as HttpPool } from 'undici';
-import type pg from 'pg';
+import pg from 'pg';
 import { startFakeProvider, type FakeProvider } from '../test/support/fake-provider.ts';
 import { shutdownDatabases } from '../test/support/db.ts';
 import { benchDatabase } from './lib/database.ts';
-import { createPool } from '../src/db/pool.ts';
 import { listRequests, namespaceTotals, usageByKey } from '../src/db/accounting.ts';
 import { startBenchSarsen, type BenchSarsen } from './lib/sarsen-child.ts';
 import { assertLoopback } from './lib/load.ts';
@@ -243,7 +242,10 @@ async function main(): Promise<void> {
     provider = await startFakeProvider();
     progress('starting Sarsen (child process) against a fresh database');
     sarsen = await startBenchSarsen({ settings: { shutdown_grace_ms: 5_000, request_fee_micros: FEE_MICROS } });
-    pool = createPool(sarsen.db.conn, { max: 2, name: 'sarsen-bench' });
+    // A plain pool, without the deadline every Sarsen pool keeps (10 s): seeding a million rows
+    // is one statement that takes longer on a 2-core machine.
+    const { host, port, user, database, password } = sarsen.db.conn;
+    pool = new pg.Pool({ host, port, user, database, password, max: 2, application_name: 'sarsen-bench' });
 
     out(`Sarsen accounts benchmark — ${new Date().toISOString()}`);
     out(`machine: ${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}, load average ${os.loadavg().map((l) => fmt(l, 2)).join(' ')}; node ${process.version}`);
