@@ -22,8 +22,8 @@ WITH input AS (
 ), per_request AS (
   SELECT request_id, attempt, max(last_seq) AS seq, sum(bytes) AS bytes FROM ins GROUP BY request_id, attempt
 ), stored AS (
-  INSERT INTO sarsen.usage_rollup_deltas (namespace_id, chunk_bytes)
-  SELECT namespace_id, chunk_bytes FROM (SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id AND f.attempt = p.attempt GROUP BY f.namespace_id) AS added
+  INSERT INTO sarsen.counter_deltas (namespace_id, chunk_bytes)
+  SELECT namespace_id, nullif(chunk_bytes, 0) FROM (SELECT f.namespace_id, sum(p.bytes) AS chunk_bytes FROM per_request p JOIN fenced f ON f.id = p.request_id AND f.attempt = p.attempt GROUP BY f.namespace_id) AS added
   RETURNING 1
 ), notified AS (
   SELECT sarsen.bus_notify($7::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT request_id, 'frames' AS event, seq AS arg FROM per_request) AS ev
