@@ -4,7 +4,7 @@
 
 /**
  * Where the group-committing writers open a spare lane: a spare carrying this many spends
- * little of its work on being a statement of its own (docs/performance.md "Costs measured in
+ * little of its work on being a statement of its own (docs/measurements.md "Costs measured in
  * isolation").
  */
 export const SPARE_LANE_AT = 32;
@@ -16,7 +16,7 @@ export const WRITER_LANES = 2;
  * How long the submission and terminal writers' lanes linger (BatcherOptions.linger): on a busy
  * process each turn of the event loop brings answers and requests that other work let in, so a
  * statement carries several times as many items; on an idle one the first turn is empty and
- * costs microseconds (docs/performance.md "Lingering"). Frames do not linger: a flush of them
+ * costs microseconds (docs/measurements.md "Lingering"). Frames do not linger: a flush of them
  * carries a hundred already while the one before commits.
  */
 export const LINGER_TURNS = 10;

@@ -191,7 +191,7 @@ export async function readFrames(
   // sent and gets its rows when they arrive; one that outlived the young generation meanwhile (a
   // busy process: fifty readers on eight connections) kept them, the page's text, through every
   // young collection until the next full one, and so did whatever holds the result. Emptied, it
-  // holds nothing of the page (docs/performance.md "Memory").
+  // holds nothing of the page (docs/measurements.md "Memory").
   rows.length = 0;
   return { frames, more };
 }
