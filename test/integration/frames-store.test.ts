@@ -1,8 +1,9 @@
 // Storing stream frames is safe to repeat: when a flush's commit succeeds but its answer is lost
-// with the connection, the chunk writer stores the same frames again. The repeat must find them
-// stored (not fail on the primary key, which would hand a healthy attempt back) and must not
-// count their bytes twice.
+// with the connection, the chunk writer stores the same frames again, perhaps while the first run
+// is still committing. The repeat must find them stored (not fail on the primary key, which would
+// hand a healthy attempt back) and must not count their bytes twice.
 import { expect } from 'chai';
+import type pg from 'pg';
 import { startFakeProvider, type FakeProvider } from '../support/fake-provider.ts';
 import { startTestServer, type TestServer } from '../support/server.ts';
 import { provision, type Tenant } from '../support/tenant.ts';
@@ -26,40 +27,42 @@ describe('storing stream frames again', function () {
     await provider?.close();
   });
 
-  it('answers the frames as stored and counts their bytes once', async () => {
-    // A stream that sends one frame and then holds its request running.
+  /** A stream that has stored one frame and holds its request running: its id and attempt. */
+  async function heldStream(pool: pg.Pool, content: string): Promise<{ id: string; attempt: number }> {
     provider.rule(() => ({ kind: 'sse', frames: ['data: {"first":true}\n\n', 'data: [DONE]\n\n'], frameDelayMs: 30_000 }));
     const res = await fetch(`${t.base}/requests`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'x-sarsen-key': t.key },
-      body: JSON.stringify({ model: 'gpt-test', stream: true, messages: [{ role: 'user', content: 'store twice' }] }),
+      body: JSON.stringify({ model: 'gpt-test', stream: true, messages: [{ role: 'user', content }] }),
     });
     expect(res.status).to.equal(202);
     const { request_id: id } = (await res.json()) as { request_id: string };
+    for (let i = 0; i < 200; i++) {
+      const { rows } = await pool.query<{ attempts: number }>(
+        `SELECT q.attempts FROM sarsen.requests q WHERE q.id = $1 AND q.status = 'running' AND EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = q.id)`,
+        [id],
+      );
+      if (rows[0]) return { id, attempt: rows[0].attempts };
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    throw new Error('the stream never stored its first frame');
+  }
+  const release = (pool: pg.Pool, id: string) =>
+    pool.query(`UPDATE sarsen.requests SET status = 'failed', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL WHERE id = $1`, [id]);
+  const chunkBytes = async (pool: pg.Pool) => Number((await namespaceTotals(pool, t.namespaceId)).chunk_bytes);
+
+  it('answers the frames as stored and counts their bytes once', async () => {
     const pool = testPool(server.db.conn, 2);
     try {
-      const running = async () => {
-        for (let i = 0; i < 200; i++) {
-          const { rows } = await pool.query<{ attempts: number }>(
-            `SELECT q.attempts FROM sarsen.requests q WHERE q.id = $1 AND q.status = 'running' AND EXISTS (SELECT 1 FROM sarsen.chunks k WHERE k.request_id = q.id)`,
-            [id],
-          );
-          if (rows[0]) return rows[0].attempts;
-          await new Promise((r) => setTimeout(r, 50));
-        }
-        throw new Error('the stream never stored its first frame');
-      };
-      const attempt = await running();
-      const chunkBytes = async () =>
-        Number((await namespaceTotals(pool, t.namespaceId)).chunk_bytes);
-      const before = await chunkBytes();
+      const { id, attempt } = await heldStream(pool, 'store twice');
+      const before = await chunkBytes(pool);
       const frame = Buffer.from('data: {"stored":"twice"}\n\n');
       const row = { requestId: id, attempt, seq: 1000, frame };
       const first = await storeFrames(pool, [row], 'test');
       const again = await storeFrames(pool, [row], 'test');
       expect(first.get(id)).to.deep.equal({ attempt, seq: 1000 });
       expect(again.get(id)).to.deep.equal({ attempt, seq: 1000 });
-      expect(await chunkBytes()).to.equal(before + frame.length);
+      expect(await chunkBytes(pool)).to.equal(before + frame.length);
       // Other bytes under a stored sequence number are not this flush's: they are refused.
       const other = await storeFrames(pool, [{ ...row, frame: Buffer.from('data: {"other":1}\n\n') }], 'test');
       expect(other.has(id)).to.equal(false);
@@ -74,9 +77,33 @@ describe('storing stream frames again', function () {
         [id],
       );
       expect(kept).to.deep.equal([{ last_seq: 1001, attempt }]);
-      expect(await chunkBytes()).to.equal(before + frame.length + live.frame.length);
-      await pool.query(`UPDATE sarsen.requests SET status = 'failed', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL WHERE id = $1`, [id]);
+      expect(await chunkBytes(pool)).to.equal(before + frame.length + live.frame.length);
+      await release(pool, id);
     } finally {
+      await pool.end();
+    }
+  });
+
+  it('waits for a first run still committing, then answers its frames as stored, counted once', async () => {
+    const pool = testPool(server.db.conn, 3);
+    const other = await pool.connect();
+    try {
+      const { id, attempt } = await heldStream(pool, 'store while committing');
+      const before = await chunkBytes(pool);
+      const frame = Buffer.from('data: {"stored":"meanwhile"}\n\n');
+      // The first run, still committing: its row is written, its transaction open.
+      await other.query('BEGIN');
+      await other.query('INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames) VALUES ($1, 2000, $2, $3)', [id, attempt, frame]);
+      const again = storeFrames(pool, [{ requestId: id, attempt, seq: 2000, frame }], 'test');
+      await new Promise((r) => setTimeout(r, 300));
+      // The first run's bytes, as its statement counts them, then its commit.
+      await other.query(`INSERT INTO sarsen.counter_deltas (namespace_id, chunk_bytes) VALUES ($1, $2)`, [t.namespaceId, frame.length]);
+      await other.query('COMMIT');
+      expect((await again).get(id)).to.deep.equal({ attempt, seq: 2000 });
+      expect(await chunkBytes(pool)).to.equal(before + frame.length);
+      await release(pool, id);
+    } finally {
+      other.release();
       await pool.end();
     }
   });
