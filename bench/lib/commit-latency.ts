@@ -45,44 +45,39 @@ function spinners(): ChildProcess[] {
   });
 }
 
-/**
- * The p50 of one-row durable commits over `seconds`, as the machine is now (the c=1 floor's
- * commit, measured beside each c=1 round: docs/performance.md "Targets").
- */
-export async function measureCommitNow(seconds: number): Promise<number> {
+/** `measure` on a connection to a fresh database holding the probe's table, after a warm-up. */
+async function withProbe<T>(measure: (client: pg.Client) => Promise<T>): Promise<T> {
   const db = await createTestDatabase();
   const client = new pg.Client(db.conn);
   client.on('error', () => undefined);
   try {
     await client.connect();
     await client.query('CREATE TABLE commit_probe (id bigserial PRIMARY KEY, n int, pad text)');
-    await commitsFor(client, 200); // warm-up
-    return await commitsFor(client, seconds * 1000);
+    await commitsFor(client, 300); // warm-up
+    return await measure(client);
   } finally {
     await client.end().catch(() => undefined);
     await db.drop();
   }
 }
 
-export async function measureCommitLatency(): Promise<CommitLatency> {
-  const db = await createTestDatabase();
-  const client = new pg.Client(db.conn);
-  client.on('error', () => undefined);
-  let spinning: ChildProcess[] = [];
-  try {
-    await client.connect();
-    await client.query('CREATE TABLE commit_probe (id bigserial PRIMARY KEY, n int, pad text)');
-    await commitsFor(client, 300); // warm-up
+/**
+ * The p50 of one-row durable commits over `seconds`, as the machine is now (the c=1 floor's
+ * commit, measured beside each c=1 round: docs/performance.md "Targets").
+ */
+export const measureCommitNow = (seconds: number): Promise<number> => withProbe((client) => commitsFor(client, seconds * 1000));
+
+export function measureCommitLatency(): Promise<CommitLatency> {
+  return withProbe(async (client) => {
     const idleMs = await commitsFor(client, SECONDS * 1000);
-    spinning = spinners();
-    await new Promise((resolve) => setTimeout(resolve, 200));
-    const busyMs = await commitsFor(client, SECONDS * 1000);
-    return { idleMs, busyMs };
-  } finally {
-    for (const child of spinning) child.kill('SIGKILL');
-    await client.end().catch(() => undefined);
-    await db.drop();
-  }
+    const spinning = spinners();
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      return { idleMs, busyMs: await commitsFor(client, SECONDS * 1000) };
+    } finally {
+      for (const child of spinning) child.kill('SIGKILL');
+    }
+  });
 }
 
 export const describeCommitLatency = (c: CommitLatency): string =>

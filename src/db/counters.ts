@@ -35,7 +35,6 @@ const NULLABLE: readonly KeyColumn[] = ['prompt_tokens', 'completion_tokens', 't
 
 /** The per-key figures only a key's delta carries (its provider calls and cache hits are its namespace's: see addToBoth). */
 type KeyOnlyColumn = 'ledger_events' | 'prompt_tokens' | 'completion_tokens' | 'total_tokens';
-const TOKENS: readonly string[] = NULLABLE;
 
 /**
  * INSERT of what a statement adds to the namespace totals and to this hour's per-key figures:
@@ -50,7 +49,7 @@ export function addToBoth(rollup: readonly RollupColumn[], key: readonly KeyOnly
   const columns = [...rollup, ...key];
   return `INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, ${columns.join(', ')})
   SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
-         ${columns.map((c) => (TOKENS.includes(c) ? c : `nullif(${c}, 0)`)).join(', ')}
+         ${columns.map((c) => (NULLABLE.includes(c as KeyColumn) ? c : `nullif(${c}, 0)`)).join(', ')}
     FROM (${select}) AS added`;
 }
 
@@ -104,8 +103,8 @@ SELECT count(*)::int AS n FROM gone`;
 
 const FOLDS = [
   FOLD_BOTH,
+  // What releases before migration 033 appended (nothing writes these two tables any more).
   foldSql('usage_rollup_deltas', 'usage_rollup', ['namespace_id'], ROLLUP_COLUMNS, (c) => `c.${c} + EXCLUDED.${c}`),
-  // What releases before migration 033 appended per key.
   foldSql('key_usage_deltas', 'key_usage_hourly', ['namespace_id', 'hour', 'api_key_id'], KEY_COLUMNS, KEY_ADD),
 ];
 
