@@ -1,19 +1,17 @@
-WITH input AS (
-  SELECT t.*, CASE WHEN t.body_size >= 0 THEN substring($22::bytea FROM (sum(greatest(t.body_size, 0)) OVER (ORDER BY t.ord) - t.body_size + 1)::int FOR t.body_size) END AS body
-    FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::text[], $7::int[], $8::int[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::boolean[], $18::text[], $19::int[], $20::text[], $21::boolean[]) WITH ORDINALITY AS t(id, attempt, model, outcome, http_status, content_type, body_size, error_status, retry_after, prompt, completion, total, sent, received, chunk_bytes, last_seq, reached, ending, provider_status, transport_error, cacheable, ord)
-), cost AS (
-  SELECT i.id, coalesce((
+WITH input AS MATERIALIZED (
+  SELECT i.*, coalesce((
       SELECT (ceil(coalesce(i.prompt, 0) * p.prompt_micros_per_mtok / 1e6)
             + ceil(coalesce(i.completion, 0) * p.completion_micros_per_mtok / 1e6))::bigint
         FROM sarsen.prices p WHERE p.model = i.model), 0) AS micros
-    FROM input i
+    FROM (SELECT t.*, CASE WHEN t.body_size >= 0 THEN substring($22::bytea FROM (sum(greatest(t.body_size, 0)) OVER (ORDER BY t.ord) - t.body_size + 1)::int FOR t.body_size) END AS body
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::text[], $7::int[], $8::int[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::boolean[], $18::text[], $19::int[], $20::text[], $21::boolean[]) WITH ORDINALITY AS t(id, attempt, model, outcome, http_status, content_type, body_size, error_status, retry_after, prompt, completion, total, sent, received, chunk_bytes, last_seq, reached, ending, provider_status, transport_error, cacheable, ord)) AS i
 ), done AS (
   UPDATE sarsen.requests q
      SET status = i.outcome, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, next_retry_at = NULL,
          prompt_tokens = i.prompt, completion_tokens = i.completion, total_tokens = i.total,
          error_status = i.error_status, retry_after = i.retry_after, response_bytes = octet_length(i.body),
          chunk_bytes = i.chunk_bytes, seq_high = greatest(q.seq_high, i.last_seq),
-         cost_micros = q.cost_micros + c.micros, provider_reached = CASE WHEN q.provider_reached IS NULL THEN NULL ELSE q.provider_reached OR i.reached END,
+         cost_micros = q.cost_micros + i.micros, provider_reached = CASE WHEN q.provider_reached IS NULL THEN NULL ELSE q.provider_reached OR i.reached END,
          attempt_log = CASE WHEN q.attempt_started_at IS NULL THEN q.attempt_log ELSE q.attempt_log || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
     'attempt', q.attempts, 'started_at', q.attempt_started_at, 'ended_at', now(), 'backend_id', q.backend_id,
     'outcome', i.ending::text, 'status', i.provider_status::int, 'retry_after', i.retry_after::text,
@@ -21,9 +19,9 @@ WITH input AS (
          attempt_started_at = NULL,
          -- An answer the cache may not serve loses the key it would be found under.
          cache_key = CASE WHEN i.cacheable THEN q.cache_key END
-    FROM input i JOIN cost c ON c.id = i.id
+    FROM input i
    WHERE q.id = i.id AND q.id = ANY($1::text[]) AND q.id >= sarsen.least_id($1::text[]) AND q.attempts = i.attempt AND q.status = 'running'
-  RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, c.micros, i.outcome, i.http_status, i.content_type, i.body,
+  RETURNING q.id, q.tenancy_id, q.namespace_id, q.api_key_id, i.micros, i.outcome, i.http_status, i.content_type, i.body,
             i.prompt, i.completion, i.total, i.sent, i.received,
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
             coalesce(q.provider_reached, false) AS provider_call, q.token_limited
@@ -52,7 +50,5 @@ WITH input AS (
    ORDER BY api_key_id
   ON CONFLICT (api_key_id) DO UPDATE SET window_start = greatest(w.window_start, EXCLUDED.window_start), tokens = CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.tokens ELSE 0 END + EXCLUDED.tokens
   RETURNING 1
-), notified AS (
-  SELECT sarsen.bus_notify($23::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev
 )
-SELECT id, (SELECT count(*) FROM notified) AS side_effects FROM done
+SELECT id, (SELECT sarsen.bus_notify($23::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev) AS side_effects FROM done
