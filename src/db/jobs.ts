@@ -50,6 +50,11 @@ export function wakeWorkersSql(count: string): string {
   return `SELECT sarsen.wake_executors(n) FROM (SELECT ${count} AS n) AS due WHERE n > 0`;
 }
 
+/** SQL (a query of one row, or none) waking an executor for a job per row of `rows`, as wakeWorkersSql; nothing when it has none. */
+export function wakeWorkersForSql(rows: string): string {
+  return `SELECT sarsen.wake_executors(count(*)) FROM (${rows}) AS due HAVING count(*) > 0`;
+}
+
 /**
  * SQL deleting every job of the requests `ids` (a text[] expression) names, locked or not:
  * before a recovery enqueues a request again, so that a dead worker's locked job does not stay

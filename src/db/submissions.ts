@@ -8,11 +8,12 @@
 // metering on, each submission is its own transaction: credit and spend caps are checked and
 // debited under row locks. A batch holding a key with limits, or a submission the response cache
 // applies to, runs a shape of the statement with those parts (rate-limits.ts, response-cache.ts);
-// a batch with neither runs the statement without them.
+// a batch with neither runs the statement without them. So do a job (only a batch with work left
+// for another executor writes one) and a caller's sealed credential.
 import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
-import { insertJobsSql, wakeWorkersSql } from './jobs.ts';
+import { insertJobsSql, wakeWorkersForSql } from './jobs.ts';
 import { addToBoth } from './counters.ts';
 import { batchInput, namedParams, withParts, type Column, type Part } from './columns.ts';
 import { limitParts, type KeyLimits, type Refused } from './rate-limits.ts';
@@ -66,8 +67,14 @@ export type Submitted = Readonly<{
 
 export type { Refused } from './rate-limits.ts';
 
-/** Which optional parts a batch's statement needs: `limits`, some key has a rate limit; `cache`, the response cache applies to some submission. */
-type SubmitShape = Readonly<{ limits: boolean; cache: boolean }>;
+/**
+ * Which optional parts a batch's statement needs: `limits`, some key has a rate limit; `cache`,
+ * the response cache applies to some submission; `queued`, some submission is left for another
+ * executor (a job, and an executor woken for it); `sealed`, some submission brought its caller's
+ * credential. A part costs the statement its executor setup on every call even when it writes
+ * nothing, so a batch runs the shape with only the parts it needs.
+ */
+type SubmitShape = Readonly<{ limits: boolean; cache: boolean; queued: boolean; sealed: boolean }>;
 
 type Scalars = { window_ms: number; fee_micros: number; lease_ms: number };
 
@@ -109,7 +116,10 @@ const inputOf = (shape: SubmitShape) =>
     { window_ms: 'double precision', fee_micros: 'bigint', lease_ms: 'double precision' },
   );
 
-const LANDED = `request_id IS NOT NULL AND NOT repeated`;
+// `claimed`: the submission lands on a claim this batch took. A submission that lands on its own
+// id without one is the same submission tried again, after its first try's answer was lost:
+// nothing is written for it.
+const LANDED = `request_id IS NOT NULL AND (claimed OR request_id <> id)`;
 const NEW = `request_id = id`;
 
 function submitSql(shape: SubmitShape): string {
@@ -141,8 +151,9 @@ function submitSql(shape: SubmitShape): string {
       // Where each submission lands: an execution this batch claimed (its own, or an identical
       // body's earlier in the batch) or the live one an earlier statement claimed. NULL: a claim
       // committed after this statement's snapshot; nothing is written and it is submitted again.
-      // `repeated`: this very submission, tried again after its first try's answer was lost.
-      sql: `SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
+      // `claimed`: it lands on a claim of this batch (LANDED). The lookup is named once: each
+      // mention of it would be planned as a lookup of its own.
+      sql: `SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, c.request_id IS NOT NULL AS claimed
     FROM input i
     LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
     -- A key lookup per submission (a subquery in the select list is never turned into a join).
@@ -152,7 +163,7 @@ function submitSql(shape: SubmitShape): string {
          WHERE k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()) END AS request_id
     ) AS l`,
     },
-    { name: 'created', sql: `SELECT * FROM placed WHERE ${NEW} AND NOT repeated` },
+    { name: 'created', sql: `SELECT * FROM placed WHERE ${NEW} AND claimed` },
     {
       name: 'request',
       sql: `INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
@@ -167,16 +178,8 @@ function submitSql(shape: SubmitShape): string {
   RETURNING 1`,
     },
     { name: 'body', sql: `INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1` },
-    { name: 'credential', sql: `INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1` },
-    {
-      name: 'job',
-      // Work another executor is to run, due now. Work this process claimed has none: should this
-      // process die or lose the database, the watcher re-dispatches it once its owner is found
-      // dead or its lease expired (docs/durability.md "Run where accepted"); a job would only be
-      // written for the terminal write to delete.
-      sql: insertJobsSql(`SELECT id, now() AS run_at FROM created WHERE owner IS NULL`),
-    },
-    { name: 'woken', sql: wakeWorkersSql(`(SELECT count(*) FROM created WHERE owner IS NULL)`) },
+    ...(shape.sealed ? [{ name: 'credential', sql: `INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1` }] : []),
+    ...(shape.queued ? [JOB] : []),
     {
       name: 'entry',
       sql: `INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
@@ -189,6 +192,15 @@ function submitSql(shape: SubmitShape): string {
   ];
   return withParts(parts, finalSelect(shape));
 }
+
+const JOB: Part = {
+  name: 'job',
+  // Work another executor is to run, due now. Work this process claimed has none: should this
+  // process die or lose the database, the watcher re-dispatches it once its owner is found
+  // dead or its lease expired (docs/durability.md "Run where accepted"); a job would only be
+  // written for the terminal write to delete.
+  sql: insertJobsSql(`SELECT id, now() AS run_at FROM created WHERE owner IS NULL`),
+};
 
 // One delta per namespace and key counts what landed: its submissions, the bytes of the bodies
 // it stored, and its ledger entries (each landed submission writes one).
@@ -222,38 +234,46 @@ const COUNTED_WITH_HITS: Part = {
   RETURNING 1`,
 };
 
+// An executor woken for the jobs written (wake_executors, at commit), as the answer is read: a
+// part of its own would cost more nodes to set up.
+const WOKEN = `(${wakeWorkersForSql(`SELECT 1 FROM created WHERE owner IS NULL`)}) AS woken`;
+// The job a submission's new execution was given (queued shapes only).
+const JOB_JOIN = `\n  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id`;
+
 /** One answer row per submission, in order. */
 function finalSelect(shape: SubmitShape): string {
   if (!shape.limits && !shape.cache) {
-    return `SELECT p.request_id, p.request_id = p.id AS created, j.id::text AS job_id,
+    return `SELECT p.request_id, p.request_id = p.id AS created, ${shape.queued ? 'j.id::text' : 'NULL::text'} AS job_id,
        -- A request this batch created is reported pending (docs/durability.md "Request states":
        -- accepted is pending), even when this process claimed it in the same statement and it
        -- is running already.
-       CASE WHEN m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
-       (SELECT count(*) FROM woken) AS woken
-  FROM placed p
-  LEFT JOIN created m ON m.id = p.request_id
-  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
+       -- is running already. (A submission lands on a request this batch created exactly when it
+       -- lands on a claim this batch took.)
+       CASE WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
+       ${shape.queued ? WOKEN : 'NULL AS woken'}
+  FROM placed p${shape.queued ? JOB_JOIN : ''}
  ORDER BY p.ord`;
   }
   const first = shape.limits ? 'given' : 'offered';
-  return `SELECT ${shape.cache ? 'coalesce(h.id, p.request_id)' : 'p.request_id'} AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
-       CASE WHEN ${shape.cache ? "h.id IS NOT NULL THEN 'succeeded' WHEN " : ''}m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
+  return `SELECT ${shape.cache ? 'coalesce(h.id, p.request_id)' : 'p.request_id'} AS request_id, coalesce(p.request_id = p.id, false) AS created, ${shape.queued ? 'j.id::text' : 'NULL::text'} AS job_id,
+       CASE WHEN ${shape.cache ? "h.id IS NOT NULL THEN 'succeeded' WHEN " : ''}p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
        ${shape.cache ? 'h.source_id' : 'NULL::text'} AS cached_from,
        ${shape.limits ? "CASE WHEN v.refused THEN CASE WHEN v.by_tokens THEN 'tokens' ELSE 'requests' END END" : 'NULL::text'} AS refused,
        ${shape.limits ? 'v.retry_after' : 'NULL::int'} AS retry_after,
-       (SELECT count(*) FROM woken) AS woken
+       ${shape.queued ? WOKEN : 'NULL AS woken'}
   FROM ${first} g
-  LEFT JOIN placed p ON p.ord = g.ord
-  LEFT JOIN created m ON m.id = p.request_id
-  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id${shape.cache ? '\n  LEFT JOIN hits h ON h.ord = g.ord' : ''}${shape.limits ? '\n  LEFT JOIN verdicts v ON v.ord = g.ord' : ''}
+  LEFT JOIN placed p ON p.ord = g.ord${shape.queued ? JOB_JOIN : ''}${shape.cache ? '\n  LEFT JOIN hits h ON h.ord = g.ord' : ''}${shape.limits ? '\n  LEFT JOIN verdicts v ON v.ord = g.ord' : ''}
  ORDER BY g.ord`;
 }
 
-const shapeName = (shape: SubmitShape): string => `sarsen_submit_batch${shape.limits ? '_limited' : ''}${shape.cache ? '_cached' : ''}`;
+const shapeName = (shape: SubmitShape): string =>
+  `sarsen_submit_batch${shape.limits ? '_limited' : ''}${shape.cache ? '_cached' : ''}${shape.queued ? '_queued' : ''}${shape.sealed ? '_sealed' : ''}`;
 
 /** The submission statement of each shape, a named statement of its own, made at load. */
-const SHAPES: readonly SubmitShape[] = [false, true].flatMap((limits) => [false, true].map((cache) => ({ limits, cache })));
+const BOTH = [false, true] as const;
+const SHAPES: readonly SubmitShape[] = BOTH.flatMap((limits) =>
+  BOTH.flatMap((cache) => BOTH.flatMap((queued) => BOTH.map((sealed) => ({ limits, cache, queued, sealed })))),
+);
 const SUBMIT_SQL = new Map(SHAPES.map((shape) => [shapeName(shape), submitSql(shape)]));
 const SUBMIT = new Map(SHAPES.map((shape) => [shapeName(shape), { statement: prepared(shapeName(shape), SUBMIT_SQL.get(shapeName(shape))!), input: inputOf(shape) }]));
 
@@ -270,7 +290,10 @@ export async function submitBatch(
   rs: readonly NewRequest[],
   s: SubmitSettings,
 ): Promise<(Submitted | Refused | null)[]> {
-  const shape = { limits: rs.some((r) => r.limits !== null), cache: rs.some((r) => r.cache !== null) };
+  const shape = {
+    limits: rs.some((r) => r.limits !== null), cache: rs.some((r) => r.cache !== null),
+    queued: rs.some((r) => r.owner === null), sealed: rs.some((r) => r.sealedCredential !== null),
+  };
   const { statement, input } = SUBMIT.get(shapeName(shape))!;
   const { rows } = await db.query<{
     request_id: string | null; created: boolean; job_id: string | null; status: RequestStatus | null;

@@ -42,7 +42,7 @@ WITH given AS (
    WHERE k.expires_at <= now()
   RETURNING k.namespace_id, k.identity, k.request_id
 ), placed AS (
-  SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
+  SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, c.request_id IS NOT NULL AS claimed
     FROM input i
     LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
     -- A key lookup per submission (a subquery in the select list is never turned into a join).
@@ -52,7 +52,7 @@ WITH given AS (
          WHERE k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()) END AS request_id
     ) AS l
 ), created AS (
-  SELECT * FROM placed WHERE request_id = id AND NOT repeated
+  SELECT * FROM placed WHERE request_id = id AND claimed
 ), request AS (
   INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
     forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, trace_parent, token_limited)
@@ -66,19 +66,11 @@ WITH given AS (
   RETURNING 1
 ), body AS (
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
-), credential AS (
-  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
-), job AS (
-  INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
-    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
-    RETURNING key, id
-), woken AS (
-  SELECT sarsen.wake_executors(n) FROM (SELECT (SELECT count(*) FROM created WHERE owner IS NULL) AS n) AS due WHERE n > 0
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
          CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $22::bigint ELSE 0 END
-    FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
+    FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) ORDER BY ord
   RETURNING 1
 ), counted AS (
   INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, accepted_submissions, request_bytes, ledger_events)
@@ -86,18 +78,16 @@ WITH given AS (
          nullif(accepted_submissions, 0), nullif(request_bytes, 0), nullif(ledger_events, 0)
     FROM (SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions,
             coalesce(sum(octet_length(body)) FILTER (WHERE request_id = id), 0) AS request_bytes, count(*) AS ledger_events
-       FROM placed WHERE request_id IS NOT NULL AND NOT repeated GROUP BY namespace_id, api_key_id) AS added
+       FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
-SELECT p.request_id AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
-       CASE WHEN m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
+SELECT p.request_id AS request_id, coalesce(p.request_id = p.id, false) AS created, NULL::text AS job_id,
+       CASE WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
        NULL::text AS cached_from,
        CASE WHEN v.refused THEN CASE WHEN v.by_tokens THEN 'tokens' ELSE 'requests' END END AS refused,
        v.retry_after AS retry_after,
-       (SELECT count(*) FROM woken) AS woken
+       NULL AS woken
   FROM given g
   LEFT JOIN placed p ON p.ord = g.ord
-  LEFT JOIN created m ON m.id = p.request_id
-  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
   LEFT JOIN verdicts v ON v.ord = g.ord
  ORDER BY g.ord

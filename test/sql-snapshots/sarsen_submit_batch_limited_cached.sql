@@ -94,7 +94,7 @@ WITH given AS (
    WHERE k.expires_at <= now() OR k.request_id = ANY (ARRAY(SELECT takeover_of FROM input WHERE takeover_of IS NOT NULL))
   RETURNING k.namespace_id, k.identity, k.request_id
 ), placed AS (
-  SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, coalesce(l.request_id = i.id, false) AS repeated
+  SELECT i.*, coalesce(c.request_id, l.request_id) AS request_id, c.request_id IS NOT NULL AS claimed
     FROM input i
     LEFT JOIN claim c ON c.namespace_id = i.namespace_id AND c.identity = i.identity
     -- A key lookup per submission (a subquery in the select list is never turned into a join).
@@ -104,7 +104,7 @@ WITH given AS (
          WHERE k.namespace_id = i.namespace_id AND k.identity = i.identity AND k.expires_at > now()) END AS request_id
     ) AS l
 ), created AS (
-  SELECT * FROM placed WHERE request_id = id AND NOT repeated
+  SELECT * FROM placed WHERE request_id = id AND claimed
 ), request AS (
   INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
     forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, trace_parent, token_limited, cache_key)
@@ -118,19 +118,11 @@ WITH given AS (
   RETURNING 1
 ), body AS (
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
-), credential AS (
-  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
-), job AS (
-  INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
-    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
-    RETURNING key, id
-), woken AS (
-  SELECT sarsen.wake_executors(n) FROM (SELECT (SELECT count(*) FROM created WHERE owner IS NULL) AS n) AS due WHERE n > 0
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
          CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $25::bigint ELSE 0 END
-    FROM placed WHERE request_id IS NOT NULL AND NOT repeated ORDER BY ord
+    FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) ORDER BY ord
   RETURNING 1
 ), counted AS (
   INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits, ledger_events)
@@ -139,22 +131,20 @@ WITH given AS (
     FROM (SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions, sum(request_bytes) AS request_bytes, sum(response_bytes) AS response_bytes,
             sum(chunk_bytes) AS chunk_bytes, sum(cache_hits) AS cache_hits, count(*) AS ledger_events
        FROM (SELECT namespace_id, api_key_id, CASE WHEN request_id = id THEN octet_length(body) ELSE 0 END AS request_bytes, 0 AS response_bytes, 0 AS chunk_bytes, 0 AS cache_hits
-               FROM placed WHERE request_id IS NOT NULL AND NOT repeated
+               FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id)
              UNION ALL
              SELECT namespace_id, api_key_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
       GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
-SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
-       CASE WHEN h.id IS NOT NULL THEN 'succeeded' WHEN m.id IS NULL THEN (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) ELSE 'pending' END AS status,
+SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, NULL::text AS job_id,
+       CASE WHEN h.id IS NOT NULL THEN 'succeeded' WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
        h.source_id AS cached_from,
        CASE WHEN v.refused THEN CASE WHEN v.by_tokens THEN 'tokens' ELSE 'requests' END END AS refused,
        v.retry_after AS retry_after,
-       (SELECT count(*) FROM woken) AS woken
+       NULL AS woken
   FROM given g
   LEFT JOIN placed p ON p.ord = g.ord
-  LEFT JOIN created m ON m.id = p.request_id
-  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
   LEFT JOIN hits h ON h.ord = g.ord
   LEFT JOIN verdicts v ON v.ord = g.ord
  ORDER BY g.ord
