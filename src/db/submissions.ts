@@ -8,8 +8,8 @@
 // metering on, each submission is its own transaction: credit and spend caps are checked and
 // debited under row locks. A batch holding a key with limits, or a submission the response cache
 // applies to, runs a shape of the statement with those parts (rate-limits.ts, response-cache.ts);
-// a batch with neither runs the statement without them. So do a job (only a batch with work left
-// for another executor writes one) and a caller's sealed credential.
+// a batch with neither runs the statement without them. So do the jobs (a batch whose every
+// submission this process claims writes none) and a caller's sealed credential.
 import type { Pool, PoolClient } from './pool.ts';
 import { prepared, withTransaction } from './pool.ts';
 import type { Dialect, RequestStatus } from './requests.ts';
@@ -69,12 +69,12 @@ export type { Refused } from './rate-limits.ts';
 
 /**
  * Which optional parts a batch's statement needs: `limits`, some key has a rate limit; `cache`,
- * the response cache applies to some submission; `queued`, some submission is left for another
- * executor (a job, and an executor woken for it); `sealed`, some submission brought its caller's
- * credential. A part costs the statement its executor setup on every call even when it writes
+ * the response cache applies to some submission; `owned`, every submission is claimed for the
+ * accepting process (no job, and no executor woken for one); `sealed`, some submission brought
+ * its caller's credential. A part costs the statement its executor setup on every call even when it writes
  * nothing, so a batch runs the shape with only the parts it needs.
  */
-type SubmitShape = Readonly<{ limits: boolean; cache: boolean; queued: boolean; sealed: boolean }>;
+type SubmitShape = Readonly<{ limits: boolean; cache: boolean; owned: boolean; sealed: boolean }>;
 
 type Scalars = { window_ms: number; fee_micros: number; lease_ms: number };
 
@@ -179,7 +179,7 @@ function submitSql(shape: SubmitShape): string {
     },
     { name: 'body', sql: `INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1` },
     ...(shape.sealed ? [{ name: 'credential', sql: `INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1` }] : []),
-    ...(shape.queued ? [JOB] : []),
+    ...(shape.owned ? [] : [JOB]),
     {
       name: 'entry',
       sql: `INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
@@ -237,42 +237,42 @@ const COUNTED_WITH_HITS: Part = {
 // An executor woken for the jobs written (wake_executors, at commit), as the answer is read: a
 // part of its own would cost more nodes to set up.
 const WOKEN = `(${wakeWorkersForSql(`SELECT 1 FROM created WHERE owner IS NULL`)}) AS woken`;
-// The job a submission's new execution was given (queued shapes only).
+// The job a submission's new execution was given (none in an owned shape).
 const JOB_JOIN = `\n  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id`;
 
 /** One answer row per submission, in order. */
 function finalSelect(shape: SubmitShape): string {
   if (!shape.limits && !shape.cache) {
-    return `SELECT p.request_id, p.request_id = p.id AS created, ${shape.queued ? 'j.id::text' : 'NULL::text'} AS job_id,
+    return `SELECT p.request_id, p.request_id = p.id AS created, ${shape.owned ? 'NULL::text' : 'j.id::text'} AS job_id,
        -- A request this batch created is reported pending (docs/durability.md "Request states":
        -- accepted is pending), even when this process claimed it in the same statement and it
        -- is running already.
        -- is running already. (A submission lands on a request this batch created exactly when it
        -- lands on a claim this batch took.)
        CASE WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
-       ${shape.queued ? WOKEN : 'NULL AS woken'}
-  FROM placed p${shape.queued ? JOB_JOIN : ''}
+       ${shape.owned ? 'NULL AS woken' : WOKEN}
+  FROM placed p${shape.owned ? '' : JOB_JOIN}
  ORDER BY p.ord`;
   }
   const first = shape.limits ? 'given' : 'offered';
-  return `SELECT ${shape.cache ? 'coalesce(h.id, p.request_id)' : 'p.request_id'} AS request_id, coalesce(p.request_id = p.id, false) AS created, ${shape.queued ? 'j.id::text' : 'NULL::text'} AS job_id,
+  return `SELECT ${shape.cache ? 'coalesce(h.id, p.request_id)' : 'p.request_id'} AS request_id, coalesce(p.request_id = p.id, false) AS created, ${shape.owned ? 'NULL::text' : 'j.id::text'} AS job_id,
        CASE WHEN ${shape.cache ? "h.id IS NOT NULL THEN 'succeeded' WHEN " : ''}p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
        ${shape.cache ? 'h.source_id' : 'NULL::text'} AS cached_from,
        ${shape.limits ? "CASE WHEN v.refused THEN CASE WHEN v.by_tokens THEN 'tokens' ELSE 'requests' END END" : 'NULL::text'} AS refused,
        ${shape.limits ? 'v.retry_after' : 'NULL::int'} AS retry_after,
-       ${shape.queued ? WOKEN : 'NULL AS woken'}
+       ${shape.owned ? 'NULL AS woken' : WOKEN}
   FROM ${first} g
-  LEFT JOIN placed p ON p.ord = g.ord${shape.queued ? JOB_JOIN : ''}${shape.cache ? '\n  LEFT JOIN hits h ON h.ord = g.ord' : ''}${shape.limits ? '\n  LEFT JOIN verdicts v ON v.ord = g.ord' : ''}
+  LEFT JOIN placed p ON p.ord = g.ord${shape.owned ? '' : JOB_JOIN}${shape.cache ? '\n  LEFT JOIN hits h ON h.ord = g.ord' : ''}${shape.limits ? '\n  LEFT JOIN verdicts v ON v.ord = g.ord' : ''}
  ORDER BY g.ord`;
 }
 
 const shapeName = (shape: SubmitShape): string =>
-  `sarsen_submit_batch${shape.limits ? '_limited' : ''}${shape.cache ? '_cached' : ''}${shape.queued ? '_queued' : ''}${shape.sealed ? '_sealed' : ''}`;
+  `sarsen_submit_batch${shape.limits ? '_limited' : ''}${shape.cache ? '_cached' : ''}${shape.owned ? '_owned' : ''}${shape.sealed ? '_sealed' : ''}`;
 
 /** The submission statement of each shape, a named statement of its own, made at load. */
 const BOTH = [false, true] as const;
 const SHAPES: readonly SubmitShape[] = BOTH.flatMap((limits) =>
-  BOTH.flatMap((cache) => BOTH.flatMap((queued) => BOTH.map((sealed) => ({ limits, cache, queued, sealed })))),
+  BOTH.flatMap((cache) => BOTH.flatMap((owned) => BOTH.map((sealed) => ({ limits, cache, owned, sealed })))),
 );
 const SUBMIT_SQL = new Map(SHAPES.map((shape) => [shapeName(shape), submitSql(shape)]));
 const SUBMIT = new Map(SHAPES.map((shape) => [shapeName(shape), { statement: prepared(shapeName(shape), SUBMIT_SQL.get(shapeName(shape))!), input: inputOf(shape) }]));
@@ -292,7 +292,7 @@ export async function submitBatch(
 ): Promise<(Submitted | Refused | null)[]> {
   const shape = {
     limits: rs.some((r) => r.limits !== null), cache: rs.some((r) => r.cache !== null),
-    queued: rs.some((r) => r.owner === null), sealed: rs.some((r) => r.sealedCredential !== null),
+    owned: rs.length > 0 && rs.every((r) => r.owner !== null), sealed: rs.some((r) => r.sealedCredential !== null),
   };
   const { statement, input } = SUBMIT.get(shapeName(shape))!;
   const { rows } = await db.query<{

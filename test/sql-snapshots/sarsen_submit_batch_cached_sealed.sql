@@ -87,6 +87,10 @@ WITH offered AS (
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
 ), credential AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
+), job AS (
+  INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
+    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
+    RETURNING key, id
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
@@ -106,13 +110,14 @@ WITH offered AS (
       GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
-SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, NULL::text AS job_id,
+SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
        CASE WHEN h.id IS NOT NULL THEN 'succeeded' WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
        h.source_id AS cached_from,
        NULL::text AS refused,
        NULL::int AS retry_after,
-       NULL AS woken
+       (SELECT sarsen.wake_executors(count(*)) FROM (SELECT 1 FROM created WHERE owner IS NULL) AS due HAVING count(*) > 0) AS woken
   FROM offered g
   LEFT JOIN placed p ON p.ord = g.ord
+  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
   LEFT JOIN hits h ON h.ord = g.ord
  ORDER BY g.ord

@@ -33,10 +33,8 @@ WITH input AS (
   RETURNING 1
 ), body AS (
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
-), job AS (
-  INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
-    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
-    RETURNING key, id
+), credential AS (
+  INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
@@ -52,14 +50,13 @@ WITH input AS (
        FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
-SELECT p.request_id, p.request_id = p.id AS created, j.id::text AS job_id,
+SELECT p.request_id, p.request_id = p.id AS created, NULL::text AS job_id,
        -- A request this batch created is reported pending (docs/durability.md "Request states":
        -- accepted is pending), even when this process claimed it in the same statement and it
        -- is running already.
        -- is running already. (A submission lands on a request this batch created exactly when it
        -- lands on a claim this batch took.)
        CASE WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
-       (SELECT sarsen.wake_executors(count(*)) FROM (SELECT 1 FROM created WHERE owner IS NULL) AS due HAVING count(*) > 0) AS woken
+       NULL AS woken
   FROM placed p
-  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
  ORDER BY p.ord

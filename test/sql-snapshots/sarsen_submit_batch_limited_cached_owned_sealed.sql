@@ -1,6 +1,39 @@
-WITH offered AS (
+WITH given AS (
   SELECT t.*
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $16::text[], $17::text[], $18::bytea[], $19::bigint[], $20::boolean[]) WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, trace_parent, cache_key, cache_ms, cache_store, ord)
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], $13::bytea[], $14::bytea[], $15::text[], $16::text[], $17::text[], $18::int[], $19::bigint[], $20::boolean[], $21::bytea[], $22::bigint[], $23::boolean[]) WITH ORDINALITY AS t(id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, headers, hops, body, identity, sealed, owner, fallbacks, trace_parent, request_limit, token_limit, precounted, cache_key, cache_ms, cache_store, ord)
+), limited AS (
+  SELECT g.ord, g.api_key_id, g.request_limit, g.token_limit, row_number() OVER (PARTITION BY g.api_key_id ORDER BY g.ord) AS nth
+    FROM given g
+   WHERE (g.request_limit IS NOT NULL OR g.token_limit IS NOT NULL) AND NOT g.precounted
+     -- A repeat of a statement whose commit's answer was lost: its submissions were counted then.
+     -- A key lookup per row: a scalar subquery is never turned into a join, which (nested loops
+     -- being off for batch statements) would read the requests' index whole.
+     AND (SELECT true FROM sarsen.requests q WHERE q.id = g.id) IS NULL
+), windows AS (
+  INSERT INTO sarsen.key_windows AS w (api_key_id, window_start, requests, refused, last_admitted, request_limit, token_limit, tokens)
+  SELECT api_key_id, date_trunc('minute', now()), fresh, asked - fresh, fresh, request_limit, token_limit, spent
+    FROM (SELECT a.*, CASE WHEN a.token_limit IS NOT NULL AND a.spent >= a.token_limit THEN 0
+                           WHEN a.request_limit IS NULL THEN a.asked ELSE least(a.asked, a.request_limit) END AS fresh
+            FROM (SELECT l.api_key_id, count(*)::int AS asked, max(l.request_limit) AS request_limit, max(l.token_limit) AS token_limit,
+                         coalesce((SELECT t.tokens FROM sarsen.key_window_tokens t
+                                    WHERE t.api_key_id = l.api_key_id AND t.window_start >= date_trunc('minute', now())), 0) AS spent
+                    FROM limited l GROUP BY l.api_key_id) AS a) AS f
+   ORDER BY api_key_id
+  ON CONFLICT (api_key_id) DO UPDATE
+    SET window_start = greatest(w.window_start, EXCLUDED.window_start), requests = CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.requests ELSE 0 END + CASE WHEN EXCLUDED.token_limit IS NOT NULL AND EXCLUDED.tokens >= EXCLUDED.token_limit THEN 0
+         WHEN EXCLUDED.request_limit IS NULL THEN (EXCLUDED.requests + EXCLUDED.refused)
+         ELSE least((EXCLUDED.requests + EXCLUDED.refused), greatest(EXCLUDED.request_limit - CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.requests ELSE 0 END, 0)) END, refused = CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.refused ELSE 0 END + (EXCLUDED.requests + EXCLUDED.refused) - CASE WHEN EXCLUDED.token_limit IS NOT NULL AND EXCLUDED.tokens >= EXCLUDED.token_limit THEN 0
+         WHEN EXCLUDED.request_limit IS NULL THEN (EXCLUDED.requests + EXCLUDED.refused)
+         ELSE least((EXCLUDED.requests + EXCLUDED.refused), greatest(EXCLUDED.request_limit - CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.requests ELSE 0 END, 0)) END,
+        tokens = EXCLUDED.tokens, last_admitted = CASE WHEN EXCLUDED.token_limit IS NOT NULL AND EXCLUDED.tokens >= EXCLUDED.token_limit THEN 0
+         WHEN EXCLUDED.request_limit IS NULL THEN (EXCLUDED.requests + EXCLUDED.refused)
+         ELSE least((EXCLUDED.requests + EXCLUDED.refused), greatest(EXCLUDED.request_limit - CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.requests ELSE 0 END, 0)) END, request_limit = EXCLUDED.request_limit, token_limit = EXCLUDED.token_limit
+  RETURNING w.api_key_id, w.last_admitted, w.token_limit IS NOT NULL AND w.tokens >= w.token_limit AS by_tokens,
+            greatest(ceil(extract(epoch FROM w.window_start + interval '1 minute' - now())), 1)::int AS retry_after
+), verdicts AS (
+  SELECT l.ord, l.nth > w.last_admitted AS refused, w.by_tokens, w.retry_after FROM limited l JOIN windows w ON w.api_key_id = l.api_key_id
+), offered AS (
+  SELECT g.* FROM given g WHERE g.ord <> ALL (ARRAY(SELECT ord FROM verdicts WHERE refused))
 ), probe AS (
   SELECT o.*,
          CASE WHEN o.cache_key IS NOT NULL THEN (
@@ -55,7 +88,7 @@ WITH offered AS (
   RETURNING 1
 ), claim AS (
   INSERT INTO sarsen.idempotency_claims AS k (namespace_id, identity, request_id, expires_at)
-  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $21::double precision / 1000)
+  SELECT DISTINCT ON (namespace_id, identity) namespace_id, identity, id, now() + make_interval(secs => $24::double precision / 1000)
     FROM input ORDER BY namespace_id, identity, ord
   ON CONFLICT (namespace_id, identity) DO UPDATE SET request_id = EXCLUDED.request_id, expires_at = EXCLUDED.expires_at
    WHERE k.expires_at <= now() OR k.request_id = ANY (ARRAY(SELECT takeover_of FROM input WHERE takeover_of IS NOT NULL))
@@ -74,27 +107,23 @@ WITH offered AS (
   SELECT * FROM placed WHERE request_id = id AND claimed
 ), request AS (
   INSERT INTO sarsen.requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, trace_parent, cache_key)
+    forwarded_headers, hops, request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, stream_first_seq, attempt_started_at, fallback_backend_ids, trace_parent, token_limited, cache_key)
   SELECT id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model,
-         headers::jsonb, hops, octet_length(body), $22::bigint,
+         headers::jsonb, hops, octet_length(body), $25::bigint,
          CASE WHEN owner IS NULL THEN 'pending' ELSE 'running' END, CASE WHEN owner IS NULL THEN 0 ELSE 1 END,
-         owner, CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => $23::double precision / 1000) END, CASE WHEN owner IS NOT NULL THEN now() END,
+         owner, CASE WHEN owner IS NOT NULL THEN now() + make_interval(secs => $26::double precision / 1000) END, CASE WHEN owner IS NOT NULL THEN now() END,
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
-         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent, CASE WHEN cache_store THEN cache_key END
+         coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent, token_limit IS NOT NULL, CASE WHEN cache_store THEN cache_key END
     FROM created
   RETURNING 1
 ), body AS (
   INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
 ), credential AS (
   INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1
-), job AS (
-  INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
-    SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
-    RETURNING key, id
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
-         CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $22::bigint ELSE 0 END
+         CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $25::bigint ELSE 0 END
     FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) ORDER BY ord
   RETURNING 1
 ), counted AS (
@@ -110,14 +139,14 @@ WITH offered AS (
       GROUP BY namespace_id, api_key_id) AS added
   RETURNING 1
 )
-SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
+SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, NULL::text AS job_id,
        CASE WHEN h.id IS NOT NULL THEN 'succeeded' WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
        h.source_id AS cached_from,
-       NULL::text AS refused,
-       NULL::int AS retry_after,
-       (SELECT sarsen.wake_executors(count(*)) FROM (SELECT 1 FROM created WHERE owner IS NULL) AS due HAVING count(*) > 0) AS woken
-  FROM offered g
+       CASE WHEN v.refused THEN CASE WHEN v.by_tokens THEN 'tokens' ELSE 'requests' END END AS refused,
+       v.retry_after AS retry_after,
+       NULL AS woken
+  FROM given g
   LEFT JOIN placed p ON p.ord = g.ord
-  LEFT JOIN job j ON j.key = p.request_id AND p.request_id = p.id
   LEFT JOIN hits h ON h.ord = g.ord
+  LEFT JOIN verdicts v ON v.ord = g.ord
  ORDER BY g.ord
