@@ -250,6 +250,8 @@ const SETTLED_IDS = SETTLE_INPUT.array('id');
 const KEYED = `(outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)`;
 
 /** What every terminal write does: the input, its cost, the fenced update, the answer, the counters and the ledger. */
+// (A part that writes returns nothing unless another part reads it: a RETURNING list is one more
+// projection to set up, per partition, on every call.)
 const SETTLE_PARTS: readonly Part[] = [
   {
     name: 'input',
@@ -286,7 +288,7 @@ const SETTLE_PARTS: readonly Part[] = [
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
             coalesce(q.provider_reached, false) AS provider_call, q.token_limited`,
   },
-  { name: 'answer', sql: `INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1` },
+  { name: 'answer', sql: `INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done` },
   {
     name: 'rollup',
     // One delta per namespace and key: the namespace's provider calls and traffic, and the key's
@@ -303,14 +305,12 @@ const SETTLE_PARTS: readonly Part[] = [
             sum(prompt) FILTER (WHERE ${KEYED}) AS prompt_tokens, sum(completion) FILTER (WHERE ${KEYED}) AS completion_tokens,
             sum(total) FILTER (WHERE ${KEYED}) AS total_tokens
        FROM done GROUP BY namespace_id, api_key_id`,
-    )}
-  RETURNING 1`,
+    )}`,
   },
   {
     name: 'entry',
     sql: `INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
-  SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
-  RETURNING 1`,
+  SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0`,
   },
 ];
 
@@ -319,11 +319,11 @@ const CLEANUP_PARTS: readonly Part[] = [
   {
     name: 'forgotten',
     // The ids as one array (an index scan of them), not a join: a join builds a hash table even for one row.
-    sql: `DELETE FROM sarsen.request_credentials k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done)) RETURNING 1`,
+    sql: `DELETE FROM sarsen.request_credentials k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done))`,
   },
   {
     name: 'released',
-    sql: `DELETE FROM sarsen.idempotency_claims k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done WHERE outcome = 'failed')) RETURNING 1`,
+    sql: `DELETE FROM sarsen.idempotency_claims k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done WHERE outcome = 'failed'))`,
   },
 ];
 
@@ -333,8 +333,7 @@ const METERING_PARTS: readonly Part[] = [
     name: 'charged',
     sql: `UPDATE sarsen.credit c SET balance_micros = c.balance_micros - t.micros
     FROM (SELECT tenancy_id, sum(micros) AS micros FROM done WHERE micros > 0 GROUP BY tenancy_id) AS t
-   WHERE c.tenancy_id = t.tenancy_id
-  RETURNING 1`,
+   WHERE c.tenancy_id = t.tenancy_id`,
   },
   {
     name: 'spent',
@@ -343,8 +342,7 @@ const METERING_PARTS: readonly Part[] = [
     FROM done p, LATERAL (VALUES (p.api_key_id), (p.namespace_id)) AS s(scope)
    WHERE p.micros > 0 AND scope IS NOT NULL
    GROUP BY scope
-  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
-  RETURNING 1`,
+  ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros`,
   },
 ];
 

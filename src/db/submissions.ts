@@ -135,6 +135,8 @@ function submitSql(shape: SubmitShape): string {
   const extraColumns = `${shape.limits ? ', token_limited' : ''}${shape.cache ? ', cache_key' : ''}`;
   const extraValues = `${shape.limits ? ', token_limit IS NOT NULL' : ''}${shape.cache ? ', CASE WHEN cache_store THEN cache_key END' : ''}`;
 
+  // A part that writes returns nothing (no RETURNING) unless a later part or the answer reads it:
+  // a RETURNING list is one more projection to set up, per partition, on every call.
   const parts: Part[] = [
     ...front,
     {
@@ -174,19 +176,17 @@ function submitSql(shape: SubmitShape): string {
          owner, CASE WHEN owner IS NOT NULL THEN ${LEASE_END} END, CASE WHEN owner IS NOT NULL THEN now() END,
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
          coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent${extraValues}
-    FROM created
-  RETURNING 1`,
+    FROM created`,
     },
-    { name: 'body', sql: `INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1` },
-    ...(shape.sealed ? [{ name: 'credential', sql: `INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL RETURNING 1` }] : []),
+    { name: 'body', sql: `INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created` },
+    ...(shape.sealed ? [{ name: 'credential', sql: `INSERT INTO sarsen.request_credentials (request_id, sealed) SELECT id, sealed FROM created WHERE sealed IS NOT NULL` }] : []),
     ...(shape.owned ? [] : [JOB]),
     {
       name: 'entry',
       sql: `INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
          CASE WHEN ${NEW} THEN 'execution' ELSE 'attach' END, CASE WHEN ${NEW} THEN ${FEE} ELSE 0 END
-    FROM placed WHERE ${LANDED} ORDER BY ord
-  RETURNING 1`,
+    FROM placed WHERE ${LANDED} ORDER BY ord`,
     },
     shape.cache ? COUNTED_WITH_HITS : COUNTED,
   ];
@@ -212,8 +212,7 @@ const COUNTED: Part = {
     `SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions,
             coalesce(sum(octet_length(body)) FILTER (WHERE ${NEW}), 0) AS request_bytes, count(*) AS ledger_events
        FROM placed WHERE ${LANDED} GROUP BY namespace_id, api_key_id`,
-  )}
-  RETURNING 1`,
+  )}`,
 };
 
 // With the cache, one delta per namespace and key counts both kinds of submission: those that
@@ -230,8 +229,7 @@ const COUNTED_WITH_HITS: Part = {
              UNION ALL
              SELECT namespace_id, api_key_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
       GROUP BY namespace_id, api_key_id`,
-  )}
-  RETURNING 1`,
+  )}`,
 };
 
 // An executor woken for the jobs written (wake_executors, at commit), as the answer is read: a

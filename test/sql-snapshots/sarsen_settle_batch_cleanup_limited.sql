@@ -26,7 +26,7 @@ WITH input AS MATERIALIZED (
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
             coalesce(q.provider_reached, false) AS provider_call, q.token_limited
 ), answer AS (
-  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
+  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done
 ), rollup AS (
   INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes, ledger_events, prompt_tokens, completion_tokens, total_tokens)
   SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
@@ -38,11 +38,9 @@ WITH input AS MATERIALIZED (
             sum(prompt) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS prompt_tokens, sum(completion) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS completion_tokens,
             sum(total) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS total_tokens
        FROM done GROUP BY namespace_id, api_key_id) AS added
-  RETURNING 1
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
-  RETURNING 1
 ), window_tokens AS (
   INSERT INTO sarsen.key_window_tokens AS w (api_key_id, window_start, tokens)
   SELECT api_key_id, date_trunc('minute', now()), coalesce(sum(coalesce(total, coalesce(prompt, 0) + coalesce(completion, 0))), 0)
@@ -51,8 +49,8 @@ WITH input AS MATERIALIZED (
   ON CONFLICT (api_key_id) DO UPDATE SET window_start = greatest(w.window_start, EXCLUDED.window_start), tokens = CASE WHEN w.window_start >= EXCLUDED.window_start THEN w.tokens ELSE 0 END + EXCLUDED.tokens
   RETURNING 1
 ), forgotten AS (
-  DELETE FROM sarsen.request_credentials k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done)) RETURNING 1
+  DELETE FROM sarsen.request_credentials k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done))
 ), released AS (
-  DELETE FROM sarsen.idempotency_claims k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done WHERE outcome = 'failed')) RETURNING 1
+  DELETE FROM sarsen.idempotency_claims k WHERE k.request_id = ANY (ARRAY(SELECT id FROM done WHERE outcome = 'failed'))
 )
 SELECT id, (SELECT sarsen.bus_notify($23::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev) AS side_effects FROM done

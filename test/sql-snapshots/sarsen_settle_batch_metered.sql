@@ -26,7 +26,7 @@ WITH input AS MATERIALIZED (
             -- The request's provider call, counted once, now it has settled (NULL: counted by the old rule).
             coalesce(q.provider_reached, false) AS provider_call, q.token_limited
 ), answer AS (
-  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done RETURNING 1
+  INSERT INTO sarsen.responses (request_id, status, content_type, body) SELECT id, http_status, content_type, body FROM done
 ), rollup AS (
   INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, provider_calls, upstream_sent_bytes, upstream_received_bytes, response_bytes, ledger_events, prompt_tokens, completion_tokens, total_tokens)
   SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
@@ -38,16 +38,13 @@ WITH input AS MATERIALIZED (
             sum(prompt) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS prompt_tokens, sum(completion) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS completion_tokens,
             sum(total) FILTER (WHERE (outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)) AS total_tokens
        FROM done GROUP BY namespace_id, api_key_id) AS added
-  RETURNING 1
 ), entry AS (
   INSERT INTO sarsen.ledger (tenancy_id, namespace_id, api_key_id, request_id, kind, amount_micros)
   SELECT tenancy_id, namespace_id, api_key_id, id, 'tokens', micros FROM done WHERE micros > 0
-  RETURNING 1
 ), charged AS (
   UPDATE sarsen.credit c SET balance_micros = c.balance_micros - t.micros
     FROM (SELECT tenancy_id, sum(micros) AS micros FROM done WHERE micros > 0 GROUP BY tenancy_id) AS t
    WHERE c.tenancy_id = t.tenancy_id
-  RETURNING 1
 ), spent AS (
   INSERT INTO sarsen.monthly_spend (scope_id, month, spent_micros)
   SELECT scope, date_trunc('month', now())::date, sum(p.micros)
@@ -55,6 +52,5 @@ WITH input AS MATERIALIZED (
    WHERE p.micros > 0 AND scope IS NOT NULL
    GROUP BY scope
   ON CONFLICT (scope_id, month) DO UPDATE SET spent_micros = monthly_spend.spent_micros + EXCLUDED.spent_micros
-  RETURNING 1
 )
 SELECT id, (SELECT sarsen.bus_notify($23::text::text, array_agg(ev.request_id), array_agg(CASE ev.event WHEN 'frames' THEN 'f' WHEN 'state' THEN 's' WHEN 'cancel' THEN 'c' ELSE 'x' END), array_agg(ev.arg::text)) FROM (SELECT id AS request_id, 'state' AS event, outcome AS arg FROM done) AS ev) AS side_effects FROM done

@@ -30,9 +30,8 @@ WITH input AS (
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
          coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent
     FROM created
-  RETURNING 1
 ), body AS (
-  INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
+  INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created
 ), job AS (
   INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
     SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
@@ -42,7 +41,6 @@ WITH input AS (
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
          CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $19::bigint ELSE 0 END
     FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) ORDER BY ord
-  RETURNING 1
 ), counted AS (
   INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, accepted_submissions, request_bytes, ledger_events)
   SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
@@ -50,7 +48,6 @@ WITH input AS (
     FROM (SELECT namespace_id, api_key_id, true AS keyed, count(*) AS accepted_submissions,
             coalesce(sum(octet_length(body)) FILTER (WHERE request_id = id), 0) AS request_bytes, count(*) AS ledger_events
        FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) GROUP BY namespace_id, api_key_id) AS added
-  RETURNING 1
 )
 SELECT p.request_id, p.request_id = p.id AS created, j.id::text AS job_id,
        -- A request this batch created is reported pending (docs/durability.md "Request states":

@@ -115,9 +115,8 @@ WITH given AS (
          CASE WHEN owner IS NOT NULL THEN 1 END, CASE WHEN owner IS NOT NULL THEN now() END,
          coalesce(string_to_array(nullif(fallbacks, ''), ','), '{}'), trace_parent, token_limit IS NOT NULL, CASE WHEN cache_store THEN cache_key END
     FROM created
-  RETURNING 1
 ), body AS (
-  INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created RETURNING 1
+  INSERT INTO sarsen.request_bodies (request_id, body) SELECT id, body FROM created
 ), job AS (
   INSERT INTO graphile_worker._private_jobs (task_id, payload, run_at, max_attempts, key)
     SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'execute_request'), json_build_object('request_id', j.id), j.run_at, 25, j.id FROM (SELECT id, now() AS run_at FROM created WHERE owner IS NULL) AS j
@@ -127,7 +126,6 @@ WITH given AS (
   SELECT tenancy_id, namespace_id, api_key_id, request_id,
          CASE WHEN request_id = id THEN 'execution' ELSE 'attach' END, CASE WHEN request_id = id THEN $25::bigint ELSE 0 END
     FROM placed WHERE request_id IS NOT NULL AND (claimed OR request_id <> id) ORDER BY ord
-  RETURNING 1
 ), counted AS (
   INSERT INTO sarsen.counter_deltas (namespace_id, api_key_id, hour, accepted_submissions, request_bytes, response_bytes, chunk_bytes, cache_hits, ledger_events)
   SELECT namespace_id, CASE WHEN keyed THEN api_key_id END, CASE WHEN keyed AND api_key_id IS NOT NULL THEN date_trunc('hour', now()) END,
@@ -139,7 +137,6 @@ WITH given AS (
              UNION ALL
              SELECT namespace_id, api_key_id, request_bytes, response_bytes, chunk_bytes, 1 FROM served) AS landed
       GROUP BY namespace_id, api_key_id) AS added
-  RETURNING 1
 )
 SELECT coalesce(h.id, p.request_id) AS request_id, coalesce(p.request_id = p.id, false) AS created, j.id::text AS job_id,
        CASE WHEN h.id IS NOT NULL THEN 'succeeded' WHEN p.claimed THEN 'pending' ELSE (SELECT q.status FROM sarsen.requests q WHERE q.id = p.request_id) END AS status,
