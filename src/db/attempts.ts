@@ -249,9 +249,9 @@ const SETTLED_IDS = SETTLE_INPUT.array('id');
 // What a request's key counts of its terminal write (counters.ts addToBoth).
 const KEYED = `(outcome = 'succeeded' OR provider_call OR coalesce(prompt, completion, total) IS NOT NULL)`;
 
+// A part that writes returns nothing unless another part reads it: a RETURNING list is one more
+// projection to set up, per partition, on every call.
 /** What every terminal write does: the input, its cost, the fenced update, the answer, the counters and the ledger. */
-// (A part that writes returns nothing unless another part reads it: a RETURNING list is one more
-// projection to set up, per partition, on every call.)
 const SETTLE_PARTS: readonly Part[] = [
   {
     name: 'input',

@@ -71,8 +71,8 @@ export type { Refused } from './rate-limits.ts';
  * Which optional parts a batch's statement needs: `limits`, some key has a rate limit; `cache`,
  * the response cache applies to some submission; `owned`, every submission is claimed for the
  * accepting process (no job, and no executor woken for one); `sealed`, some submission brought
- * its caller's credential. A part costs the statement its executor setup on every call even when it writes
- * nothing, so a batch runs the shape with only the parts it needs.
+ * its caller's credential. A part costs the statement its executor setup on every call even
+ * when it writes nothing, so a batch runs the shape with only the parts it needs.
  */
 type SubmitShape = Readonly<{ limits: boolean; cache: boolean; owned: boolean; sealed: boolean }>;
 
