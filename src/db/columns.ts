@@ -11,10 +11,15 @@
 export type Element = string | number | boolean | Buffer | null | undefined;
 
 export function arrayLiteral(values: readonly Element[]): string {
+  return columnLiteral(values, (v) => v);
+}
+
+/** arrayLiteral of `value(row)` for each row, without an array of the values between. */
+function columnLiteral<T>(rows: readonly T[], value: (row: T) => Element): string {
   let literal = '{';
-  for (let i = 0; i < values.length; i++) {
+  for (let i = 0; i < rows.length; i++) {
     if (i > 0) literal += ',';
-    const v = values[i];
+    const v = value(rows[i]!);
     if (v === null || v === undefined) literal += 'NULL';
     else if (typeof v === 'string') literal += `"${escapeElement(v)}"`;
     else if (Buffer.isBuffer(v)) literal += `"\\\\x${v.toString('hex')}"`;
@@ -135,7 +140,7 @@ export function batchInput<T, S extends Record<string, unknown> = Record<never, 
           const packed = binaryColumn(rows.map(column[2]));
           values.push(arrayLiteral(packed.sizes));
           data.push(packed.data);
-        } else values.push(arrayLiteral(rows.map(column[2])));
+        } else values.push(columnLiteral(rows, column[2]));
       }
       values.push(...data);
       for (const name of scalarNames) values.push(given[name]);
