@@ -6,7 +6,7 @@
 // Request ids end in a tag drawn once per process (4 of the 16 random characters): a statement
 // that changes a request tells the process that accepted it by that tag alone (docs/scaling.md,
 // "Many processes on one primary"). The other 60 bits stay random.
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomFillSync } from 'node:crypto';
 
 export type IdPrefix = 'req' | 'bk' | 'rule' | 'key' | 'usr' | 'ns' | 'ten' | 'ses';
 
@@ -30,13 +30,25 @@ function encodeTime(ms: number): string {
   return out;
 }
 
+// The CSPRNG's bytes are drawn a block at a time (as node's own randomUUID does): a draw of ten
+// bytes per id cost a call into OpenSSL, and its fork check, per request.
+const RANDOM_BYTES = 10;
+const randomPool = Buffer.alloc(RANDOM_BYTES * 128);
+let randomAt = randomPool.length;
+
 function freshRandomDigits(): number[] {
-  const bytes = randomBytes(10);
+  if (randomAt === randomPool.length) {
+    randomFillSync(randomPool);
+    randomAt = 0;
+  }
+  const from = randomAt;
+  randomAt += RANDOM_BYTES;
   const digits: number[] = [];
   // 80 bits split into sixteen 5-bit digits, most significant first.
   let acc = 0;
   let bits = 0;
-  for (const b of bytes) {
+  for (let i = from; i < from + RANDOM_BYTES; i++) {
+    const b = randomPool[i]!;
     acc = (acc << 8) | b;
     bits += 8;
     while (bits >= 5) {

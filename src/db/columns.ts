@@ -11,19 +11,41 @@
 export type Element = string | number | boolean | Buffer | null | undefined;
 
 export function arrayLiteral(values: readonly Element[]): string {
-  const parts = new Array<string>(values.length);
-  for (let i = 0; i < values.length; i++) {
-    const v = values[i];
-    if (v === null || v === undefined) parts[i] = 'NULL';
-    else if (typeof v === 'string') parts[i] = ESCAPED.test(v) ? `"${v.replace(ESCAPE, '\\$&')}"` : `"${v}"`;
-    else if (Buffer.isBuffer(v)) parts[i] = `"\\\\x${v.toString('hex')}"`;
-    else parts[i] = String(v);
-  }
-  return `{${parts.join(',')}}`;
+  return columnLiteral(values, (v) => v);
 }
-// Inside a quoted element only the quote and the backslash are special.
-const ESCAPED = /["\\]/;
-const ESCAPE = /["\\]/g;
+
+/** arrayLiteral of `value(row)` for each row, without an array of the values between. */
+function columnLiteral<T>(rows: readonly T[], value: (row: T) => Element): string {
+  let literal = '{';
+  for (let i = 0; i < rows.length; i++) {
+    if (i > 0) literal += ',';
+    const v = value(rows[i]!);
+    if (v === null || v === undefined) literal += 'NULL';
+    else if (typeof v === 'string') literal += `"${escapeElement(v)}"`;
+    else if (Buffer.isBuffer(v)) literal += `"\\\\x${v.toString('hex')}"`;
+    else literal += String(v);
+  }
+  return `${literal}}`;
+}
+
+/**
+ * Inside a quoted element only the quote and the backslash are special: each gets a backslash.
+ * A body is JSON, full of quotes: the runs between them are copied whole, not matched one by one.
+ */
+function escapeElement(v: string): string {
+  let from = 0;
+  let out = '';
+  for (let i = 0; i < v.length; i++) {
+    const c = v.charCodeAt(i);
+    if (c === QUOTE || c === BACKSLASH) {
+      out += `${v.slice(from, i)}\\`;
+      from = i;
+    }
+  }
+  return out === '' ? v : out + v.slice(from);
+}
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
 
 /** One binary parameter for a column of Buffers (null stays null: size -1), and the sizes to cut it at. */
 export function binaryColumn(values: readonly (Buffer | null)[]): { data: Buffer; sizes: number[] } {
@@ -118,7 +140,7 @@ export function batchInput<T, S extends Record<string, unknown> = Record<never, 
           const packed = binaryColumn(rows.map(column[2]));
           values.push(arrayLiteral(packed.sizes));
           data.push(packed.data);
-        } else values.push(arrayLiteral(rows.map(column[2])));
+        } else values.push(columnLiteral(rows, column[2]));
       }
       values.push(...data);
       for (const name of scalarNames) values.push(given[name]);

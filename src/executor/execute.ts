@@ -126,12 +126,57 @@ function attemptCredential(deps: ExecutorDeps, attempt: Attempt, backend: Backen
   return open(deps.keyring, attempt.sealedCredential, attempt.id);
 }
 
-async function readAll(body: AsyncIterable<Buffer>, limit: number): Promise<Buffer> {
+type Emitting = {
+  on(event: string, listener: (arg: never) => void): unknown;
+  off(event: string, listener: (arg: never) => void): unknown;
+  destroyed?: boolean;
+  errored?: Error | null;
+};
+
+/**
+ * The whole body, refused past `limit` bytes. A Node stream (undici's body) is read through its
+ * events: `for await` over it costs an async iterator, an end-of-stream watcher and a promise a
+ * chunk, a large share of what a non-streaming request allocates (docs/measurements.md).
+ */
+function readAll(body: UpstreamResponse['body'], limit: number): Promise<Buffer> {
+  const tooLarge = () => new TransportError(`The provider's answer is larger than ${limit} bytes.`);
+  const stream = body as unknown as Emitting;
+  if (typeof stream.on !== 'function' || typeof stream.off !== 'function') return readAllIterated(body, limit, tooLarge);
+  return new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const done = (err: Error | null) => {
+      stream.off('data', onData);
+      stream.off('end', onEnd);
+      stream.off('error', onError);
+      stream.off('close', onClose);
+      if (err) reject(err);
+      else resolve(Buffer.concat(chunks, size));
+    };
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) return done(tooLarge());
+      chunks.push(chunk);
+    };
+    const onEnd = () => done(null);
+    const onError = (err: Error) => done(err);
+    // Closed without its end (destroyed): as `for await` reports it.
+    const onClose = () => done(stream.errored ?? Object.assign(new Error('Premature close'), { code: 'ERR_STREAM_PREMATURE_CLOSE' }));
+    if (stream.errored) return reject(stream.errored);
+    if (stream.destroyed) return onClose();
+    stream.on('data', onData);
+    stream.on('end', onEnd);
+    stream.on('error', onError);
+    stream.on('close', onClose);
+  });
+}
+
+async function readAllIterated(body: AsyncIterable<Buffer>, limit: number, tooLarge: () => TransportError): Promise<Buffer> {
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of body) {
     size += chunk.length;
-    if (size > limit) throw new TransportError(`The provider's answer is larger than ${limit} bytes.`);
+    if (size > limit) throw tooLarge();
     chunks.push(chunk);
   }
   return Buffer.concat(chunks, size);

@@ -7,6 +7,7 @@
 // with the prefix); the TTL bounds it when a notification is missed, so a revoked key stops
 // working within KEY_TTL_MS (5 s) at worst. `last_used_at` is written by a coalescing
 // flusher: at most one UPDATE per LAST_USED_FLUSH_MS for all keys used.
+import { hash, timingSafeEqual } from 'node:crypto';
 import type { Request, Response, NextFunction, RequestHandler } from 'express';
 import type { Deps } from '../deps.ts';
 import { ServiceError } from '../core/errors.ts';
@@ -139,6 +140,46 @@ function forwardsSarsenKey(req: Request, sarsenHeaderSent: boolean): boolean {
   return false;
 }
 
+/**
+ * What a looked-up key row (an answer of the cache above, replaced within KEY_TTL_MS and at once
+ * when the key changes) already granted: the SHA-256 of the secret last verified against its
+ * HMAC, and the identity that verification gave. The same secret presented again is compared
+ * (in constant time) with that digest instead of computing the HMAC again; any other secret is
+ * verified in full. The secret itself is never kept.
+ */
+type Verified = { secretDigest: Buffer; auth: ServiceAuth };
+const verifiedKeys = new WeakMap<KeyForAuth, Verified>();
+
+const secretDigest = (secret: string): Buffer => hash('sha256', secret, 'buffer');
+
+function identityOf(key: KeyForAuth): ServiceAuth {
+  return Object.freeze({
+    tenancyId: key.tenancy_id,
+    tenancySlug: key.tenancy_slug,
+    namespaceId: key.namespace_id,
+    namespaceName: key.namespace_name,
+    apiKeyId: key.api_key_id,
+    apiKeyPrefix: key.prefix,
+    grants: Object.freeze([...key.grants]),
+    limits:
+      key.requests_per_minute === null && key.tokens_per_minute === null
+        ? null
+        : Object.freeze({ requestsPerMinute: key.requests_per_minute, tokensPerMinute: key.tokens_per_minute }),
+    cacheTtlMinutes: key.cache_ttl_minutes,
+  });
+}
+
+/** The identity `secret` proves for `key`, or null when it does not match the key's stored hash. */
+function verifiedIdentity(deps: Deps, key: KeyForAuth, prefix: string, secret: string): ServiceAuth | null {
+  const digest = secretDigest(secret);
+  const known = verifiedKeys.get(key);
+  if (known && timingSafeEqual(known.secretDigest, digest)) return known.auth;
+  if (!verifyApiKeySecret(deps.secrets.apiKeyHashKey, prefix, secret, key.secret_hash)) return null;
+  const auth = identityOf(key);
+  verifiedKeys.set(key, { secretDigest: digest, auth });
+  return auth;
+}
+
 // One error for every kind of bad key, so an answer never tells which kind it was.
 const unauthorised = () => new ServiceError('unauthorised');
 
@@ -155,33 +196,15 @@ async function authenticate(deps: Deps, authenticator: Authenticator, req: Reque
   const parsed = presented === undefined ? null : parseApiKey(presented);
   if (parsed === null) throw unauthorised();
   const key = await authenticator.lookup(parsed.prefix);
-  if (
-    key === null ||
-    key.revoked ||
-    !verifyApiKeySecret(deps.secrets.apiKeyHashKey, parsed.prefix, parsed.secret, key.secret_hash) ||
-    key.tenancy_slug !== req.params.tenancy ||
-    key.namespace_name !== req.params.namespace
-  ) {
+  const auth = key === null || key.revoked ? null : verifiedIdentity(deps, key, parsed.prefix, parsed.secret);
+  if (key === null || auth === null || key.tenancy_slug !== req.params.tenancy || key.namespace_name !== req.params.namespace) {
     throw unauthorised();
   }
   if (!key.grants.includes(grant)) {
     throw new ServiceError('forbidden', `The key has no "${grant}" grant on this namespace.`);
   }
   authenticator.touch(key.api_key_id);
-  return Object.freeze({
-    tenancyId: key.tenancy_id,
-    tenancySlug: key.tenancy_slug,
-    namespaceId: key.namespace_id,
-    namespaceName: key.namespace_name,
-    apiKeyId: key.api_key_id,
-    apiKeyPrefix: key.prefix,
-    grants: Object.freeze([...key.grants]),
-    limits:
-      key.requests_per_minute === null && key.tokens_per_minute === null
-        ? null
-        : Object.freeze({ requestsPerMinute: key.requests_per_minute, tokensPerMinute: key.tokens_per_minute }),
-    cacheTtlMinutes: key.cache_ttl_minutes,
-  });
+  return auth;
 }
 
 /**

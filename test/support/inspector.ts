@@ -7,6 +7,8 @@ import type { SarsenChild } from './child.ts';
 export type Inspector = {
   /** Collects garbage (twice, so that what finalizers freed goes too) and answers the heap's and external (Buffer) bytes in MB. */
   collectedHeapMb(): Promise<{ heap: number; external: number }>;
+  /** One method of the inspector protocol (Profiler.start, HeapProfiler.startSampling, ...): its result. */
+  send(method: string, params?: object): Promise<unknown>;
   close(): void;
 };
 
@@ -37,6 +39,7 @@ export async function inspect(child: SarsenChild): Promise<Inspector> {
       const usage = JSON.parse(result.value) as NodeJS.MemoryUsage;
       return { heap: usage.heapUsed / 1048576, external: usage.external / 1048576 };
     },
+    send,
     close: () => ws.close(),
   };
 }
