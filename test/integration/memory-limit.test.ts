@@ -21,6 +21,7 @@ import { openStream } from './streaming-support.ts';
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const LIMIT = 512 * 1024 * 1024;
 const STREAMS = 1000;
+const KEEP_ALIVE = ': keep-alive\n\n';
 
 describe('under a 512 MB memory limit', function () {
   this.timeout(300_000);
@@ -81,7 +82,9 @@ describe('under a 512 MB memory limit', function () {
     expect(gated.heldAtOnce(), 'provider streams held open at once').to.equal(STREAMS);
     for (const [i, r] of results.entries()) {
       expect(r.status, `stream ${i}`).to.equal(200);
-      expect(r.body.toString('utf8'), `stream ${i}`).to.equal(gated.answer(`live-${i}`));
+      // A stream left quiet for 15 s while a loaded machine connects the other 999 gets Sarsen's
+      // keep-alive comment (docs/api.md): bytes of Sarsen's own, not the provider's, so not compared.
+      expect(r.body.toString('utf8').replaceAll(KEEP_ALIVE, ''), `stream ${i}`).to.equal(gated.answer(`live-${i}`));
     }
 
     const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
