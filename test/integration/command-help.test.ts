@@ -3,6 +3,7 @@
 // help fails here; each runs as operators run it, bin/sarsen.js in a child process, with a
 // database that does not answer: help never reaches for one.
 import { expect } from 'chai';
+import { once } from 'node:events';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { COMMANDS, groups, parseInvocation, usage } from '../../src/cli/commands.ts';
@@ -19,11 +20,14 @@ function offlineEnv(): NodeJS.ProcessEnv {
 
 async function run(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
   const child = spawnNode(BIN, args, offlineEnv(), 'sarsen');
+  // 'exit' can come before the child's output has been read (a busy machine); 'close' comes after its pipes are drained.
+  const closed = once(child.child, 'close');
   let stdout = '';
   let stderr = '';
   child.child.stdout!.on('data', (b: Buffer) => (stdout += b.toString('utf8')));
   child.child.stderr!.on('data', (b: Buffer) => (stderr += b.toString('utf8')));
   const { code } = await child.exited;
+  await closed;
   return { code, stdout, stderr };
 }
 

@@ -254,6 +254,8 @@ describe('sarsen serve --processes', function () {
       const [first] = await elsewhere.waitFor(/[^\n]*"message":"sarsen listening"[^\n]*/, 90_000);
       expect((JSON.parse(first!) as Line).worker, 'the first process listening').to.be.oneOf([1, 2]);
       await elsewhere.waitFor(/"message":"sarsen ready"/, 90_000);
+      // Each worker writes its own lines: the primary's may come before a worker's on a busy machine.
+      for (const w of [1, 2]) await elsewhere.waitFor(new RegExp(`^(?=.*"message":"sarsen listening")(?=.*"worker":${w}[,}]).*$`, 'm'), 30_000);
       expect(lines(elsewhere).find((l) => l.message === 'sarsen ready')).to.include({ processes: 2, worker: 'primary' });
       const started = lines(elsewhere).filter((l) => l.message === 'worker started');
       expect(started.map((l) => l.worker_id), elsewhere.output()).to.have.members([1, 2]);
