@@ -2,6 +2,7 @@
 // answer, or a stream whose frames are group-committed as they arrive), and say how the
 // attempt ended. Writing that outcome is settle.ts's; the attempt's life (lease, slots,
 // hand-back) is attempt-runner.ts's.
+import type { Readable } from 'node:stream';
 import type { Settings } from '../config/settings.ts';
 import type { BaseDeps } from '../deps.ts';
 import type { Attempt, AttemptEnd, Tokens, Traffic } from '../db/attempts.ts';
@@ -126,22 +127,12 @@ function attemptCredential(deps: ExecutorDeps, attempt: Attempt, backend: Backen
   return open(deps.keyring, attempt.sealedCredential, attempt.id);
 }
 
-type Emitting = {
-  on(event: string, listener: (arg: never) => void): unknown;
-  off(event: string, listener: (arg: never) => void): unknown;
-  destroyed?: boolean;
-  errored?: Error | null;
-};
-
 /**
- * The whole body, refused past `limit` bytes. A Node stream (undici's body) is read through its
- * events: `for await` over it costs an async iterator, an end-of-stream watcher and a promise a
- * chunk, a large share of what a non-streaming request allocates (docs/measurements.md).
+ * The whole body, refused past `limit` bytes, read through the stream's events: `for await` over
+ * it costs an async iterator, an end-of-stream watcher and a promise a chunk, a large share of what
+ * a non-streaming request allocates (docs/measurements.md).
  */
-function readAll(body: UpstreamResponse['body'], limit: number): Promise<Buffer> {
-  const tooLarge = () => new TransportError(`The provider's answer is larger than ${limit} bytes.`);
-  const stream = body as unknown as Emitting;
-  if (typeof stream.on !== 'function' || typeof stream.off !== 'function') return readAllIterated(body, limit, tooLarge);
+function readAll(stream: Readable, limit: number): Promise<Buffer> {
   return new Promise<Buffer>((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -155,7 +146,7 @@ function readAll(body: UpstreamResponse['body'], limit: number): Promise<Buffer>
     };
     const onData = (chunk: Buffer) => {
       size += chunk.length;
-      if (size > limit) return done(tooLarge());
+      if (size > limit) return done(new TransportError(`The provider's answer is larger than ${limit} bytes.`));
       chunks.push(chunk);
     };
     const onEnd = () => done(null);
@@ -169,17 +160,6 @@ function readAll(body: UpstreamResponse['body'], limit: number): Promise<Buffer>
     stream.on('error', onError);
     stream.on('close', onClose);
   });
-}
-
-async function readAllIterated(body: AsyncIterable<Buffer>, limit: number, tooLarge: () => TransportError): Promise<Buffer> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    size += chunk.length;
-    if (size > limit) throw tooLarge();
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks, size);
 }
 
 function header(res: UpstreamResponse, name: string): string | null {

@@ -3,6 +3,7 @@
 import { Agent, request } from 'undici';
 import diagnostics from 'node:diagnostics_channel';
 import { isIP, type Socket } from 'node:net';
+import type { Readable } from 'node:stream';
 import type { Settings } from '../config/settings.ts';
 import { policyLookup, refusalReason, HOST_REFUSED_CODE } from '../core/address-policy.ts';
 import { upstreamHeaders } from '../core/header-policy.ts';
@@ -32,7 +33,8 @@ export type UpstreamCall = {
 export type UpstreamResponse = {
   status: number;
   headers: Record<string, string | string[] | undefined>;
-  body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown };
+  /** undici's body: a Node stream. */
+  body: Readable;
 };
 
 /** A failure that was not an HTTP answer from the provider. */
