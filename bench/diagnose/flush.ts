@@ -20,6 +20,7 @@ import { ENSURE_TASK_SQL } from '../../src/db/jobs.ts';
 import { ensurePartitions, listPartitions, PAYLOADS, REQUESTS } from '../../src/db/partitions.ts';
 import { submitBatch, isRefused, type NewRequest, type Submitted } from '../../src/db/submissions.ts';
 import { claimAttempts, settleBatch, type Terminal } from '../../src/db/attempts.ts';
+import { wholeFrame } from '../../src/core/frame-delta.ts';
 import { storeFrames } from '../../src/db/chunks.ts';
 import { newId } from '../../src/core/ids.ts';
 import { benchArgs } from '../lib/args.ts';
@@ -130,7 +131,7 @@ async function frameFlushes(pool: Pool, backend: number, streams: number): Promi
   const cpu0 = processCpuMs(backend);
   for (let seq = 1; seq <= flushes; seq++) {
     const t0 = process.hrtime.bigint();
-    await storeFrames(pool, ids.map((requestId) => ({ requestId, attempt: 1, seq, frame })), 'wrk_flush');
+    await storeFrames(pool, ids.map((requestId) => ({ requestId, attempt: 1, seq, frame, stored: wholeFrame(frame) })), 'wrk_flush');
     ms.push(Number(process.hrtime.bigint() - t0) / 1e6);
   }
   const cpu = (processCpuMs(backend) - cpu0) / flushes;

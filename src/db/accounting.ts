@@ -178,7 +178,7 @@ export async function recountStorage(pool: Pool, namespaceId: string): Promise<{
   const { rows } = await pool.query(
     `SELECT (SELECT coalesce(sum(octet_length(b.body)), 0) FROM sarsen.request_bodies b JOIN sarsen.requests q ON q.id = b.request_id WHERE q.namespace_id = $1)::bigint AS request_bytes,
             (SELECT coalesce(sum(octet_length(r.body)), 0) FROM sarsen.responses r JOIN sarsen.requests q ON q.id = r.request_id WHERE q.namespace_id = $1)::bigint AS response_bytes,
-            (SELECT coalesce(sum(octet_length(c.frames)), 0) FROM sarsen.chunks c JOIN sarsen.requests q ON q.id = c.request_id WHERE q.namespace_id = $1)::bigint AS chunk_bytes`,
+            (SELECT coalesce(sum(coalesce(c.bytes, octet_length(c.frames))), 0) FROM sarsen.chunks c JOIN sarsen.requests q ON q.id = c.request_id WHERE q.namespace_id = $1)::bigint AS chunk_bytes`,
     [namespaceId],
   );
   return rows[0];

@@ -35,9 +35,6 @@ export type ResponseRow = {
   response_body: Buffer | null;
   /** The stored request body: while it runs, or when asked for. */
   body: string | null;
-  /** The last stored row of a succeeded stream's frames (its terminal event is in it), when asked for. */
-  last_frames: Buffer | null;
-  last_frame_lengths: number[] | null;
 };
 
 // Sarsen's own response id is its request id spelled the vendor's way: `resp_` for `req_`
@@ -56,38 +53,21 @@ const READ = prepared(
    SELECT q.id, q.status, q.streaming, q.dialect, q.model, q.attempts, q.stream_first_seq, q.cancel_requested,
           q.expired OR q.id < ${RETIRED} AS expired, q.error_status, (SELECT attempt FROM named) AS named_attempt,
           r.body AS response_body,
-          CASE WHEN $3 OR q.status NOT IN ('succeeded', 'failed') THEN b.body END AS body,
-          last.frames AS last_frames, last.frame_lengths AS last_frame_lengths
+          CASE WHEN $3 OR q.status NOT IN ('succeeded', 'failed') THEN b.body END AS body
      FROM sarsen.requests q
      LEFT JOIN sarsen.responses r ON r.request_id = q.id
      LEFT JOIN sarsen.request_bodies b ON b.request_id = q.id
-     LEFT JOIN LATERAL (
-       SELECT c.frames, c.frame_lengths FROM sarsen.chunks c
-        WHERE $4 AND c.request_id = q.id AND q.streaming AND q.status = 'succeeded'
-        ORDER BY c.last_seq DESC LIMIT 1
-     ) last ON true
     WHERE q.id = coalesce((SELECT request_id FROM named), ${OWN_ID}) AND q.namespace_id = $2`,
 );
 
 /**
  * The request a response id names in this namespace (Sarsen's id or a provider's), or null.
- * `body`: the stored request body even once it ended; `terminal`: a succeeded stream's last row,
- * which holds the final Response (as large as the whole answer), for those that show it.
+ * `body`: the stored request body even once it ended. (A succeeded stream's final Response is
+ * in its last frames: src/db/chunks.ts readLastFrames.)
  */
-export async function readResponse(db: Db, namespaceId: string, id: string, opts: { body: boolean; terminal: boolean }): Promise<ResponseRow | null> {
-  const { rows } = await db.query<ResponseRow>(READ([id, namespaceId, opts.body, opts.terminal]));
+export async function readResponse(db: Db, namespaceId: string, id: string, opts: { body: boolean }): Promise<ResponseRow | null> {
+  const { rows } = await db.query<ResponseRow>(READ([id, namespaceId, opts.body]));
   return rows[0] ?? null;
-}
-
-/** The frames of a stored row, in order. */
-export function unpackFrames(frames: Buffer, lengths: number[] | null): Buffer[] {
-  const out: Buffer[] = [];
-  let at = 0;
-  for (const length of lengths ?? [frames.length]) {
-    out.push(frames.subarray(at, at + length));
-    at += length;
-  }
-  return out;
 }
 
 export type ResponseIds = { request_id: string; background: boolean; response_ids: { id: string; attempt: number }[] };

@@ -5,6 +5,7 @@ import type { Pool } from './pool.ts';
 import { firstIdAt } from '../core/ids.ts';
 import { LISTING_COLUMNS, LISTING_FROM, type ListingRow } from './accounting.ts';
 import { oneOfIds } from './columns.ts';
+import { STORED_ROW_COLUMNS, storedRow, type StoredRow } from './chunks.ts';
 
 type Db = Pick<Pool, 'query'>;
 
@@ -66,15 +67,14 @@ export async function answerSlice(db: Db, id: string, from: number, length: numb
 
 /**
  * Stored frame rows of `ids` after `(afterId, afterSeq)`, in order, at most `rows` of them: a
- * stream's frames back to back (a row holds a flush's frames) are its bytes as the provider
- * sent them.
+ * stream's rows read in order and decoded (createFrameReader) are its bytes as the provider sent them.
  */
-export async function frameRows(db: Db, ids: readonly string[], after: { id: string; seq: number } | null, rows: number): Promise<{ request_id: string; last_seq: number; frames: Buffer }[]> {
-  const { rows: found } = await db.query<{ request_id: string; last_seq: number; frames: string }>(
-    `SELECT request_id, last_seq, encode(frames, 'base64') AS frames FROM sarsen.chunks
-      WHERE ${oneOfIds('request_id', '$1::text[]')} AND (request_id, last_seq) > ($2, $3)
-      ORDER BY request_id, last_seq LIMIT $4`,
+export async function frameRows(db: Db, ids: readonly string[], after: { id: string; seq: number } | null, rows: number): Promise<(StoredRow & { request_id: string })[]> {
+  const { rows: found } = await db.query<Omit<StoredRow, 'frames'> & { request_id: string; frames: string }>(
+    `SELECT c.request_id, ${STORED_ROW_COLUMNS} FROM sarsen.chunks c
+      WHERE ${oneOfIds('c.request_id', '$1::text[]')} AND (c.request_id, c.last_seq) > ($2, $3)
+      ORDER BY c.request_id, c.last_seq LIMIT $4`,
     [ids, after?.id ?? '', after?.seq ?? -1, rows],
   );
-  return found.map((r) => ({ request_id: r.request_id, last_seq: r.last_seq, frames: Buffer.from(r.frames, 'base64') }));
+  return found.map(storedRow);
 }

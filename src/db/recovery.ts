@@ -40,7 +40,7 @@ const REQUEUE_SQL = withParts(
       name: 'discarded',
       sql: `DELETE FROM sarsen.chunks k USING victims v
    WHERE k.request_id = v.id AND ${oneOfIds('k.request_id', VICTIMS.array('id'))} AND k.attempt = v.attempt
-  RETURNING k.request_id, k.last_seq, octet_length(k.frames) AS bytes`,
+  RETURNING k.request_id, k.last_seq, coalesce(k.bytes, octet_length(k.frames)) AS bytes`,
     },
     { name: 'freed', sql: `SELECT request_id, sum(bytes) AS bytes, max(last_seq) AS last_seq FROM discarded GROUP BY request_id` },
     {

@@ -74,8 +74,8 @@ export function cacheLookupParts(from: string, to: string): Part[] {
     {
       name: 'served_frames',
       // The frames of the attempt that answered (earlier attempts' frames are not the answer).
-      sql: `INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
-  SELECT v.id, c.last_seq, c.attempt, c.frames, c.frame_lengths
+      sql: `INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths, bytes)
+  SELECT v.id, c.last_seq, c.attempt, c.frames, c.frame_lengths, c.bytes
     FROM served v JOIN sarsen.chunks c ON c.request_id = v.cached_from AND c.request_id = ANY (ARRAY(SELECT cached_from FROM served))
    WHERE c.last_seq >= v.stream_first_seq
   RETURNING 1`,

@@ -13,6 +13,7 @@ import { open } from '../core/sealing.ts';
 import { tokensFromAnswer, createStreamTokenReader } from '../core/tokens.ts';
 import { isProviderFailureFrame, isStreamEndFrame } from '../core/response-cache.ts';
 import { createFramer } from '../core/sse-framer.ts';
+import { createFrameEncoder } from '../core/frame-delta.ts';
 import { isRetryableStatus, parseRetryAfter, nextDelayMs } from '../core/retry.ts';
 import { errorBody } from '../core/errors.ts';
 import { createCommitBacklog } from '../core/commit-backlog.ts';
@@ -277,6 +278,7 @@ async function runStream(
   deps: ExecutorDeps, attempt: Attempt, settings: Settings, signal: AbortSignal, res: UpstreamResponse, sent: Sent, call: CallTrace | null,
 ): Promise<Outcome> {
   const framer = createFramer();
+  const encode = createFrameEncoder();
   const tokens = createStreamTokenReader(attempt.dialect);
   let seq = attempt.firstSeq - 1;
   let received = 0;
@@ -296,7 +298,8 @@ async function runStream(
       if (!providerFailed) providerFailed = isProviderFailureFrame(frame);
       if (!whole) whole = isStreamEndFrame(attempt.dialect, frame);
       storedBytes += frame.length;
-      return { requestId: attempt.id, attempt: attempt.attempt, seq: ++seq, frame };
+      seq++;
+      return { requestId: attempt.id, attempt: attempt.attempt, seq, frame, stored: encode(seq, frame) };
     });
     backlog.handed(rows.length);
     deps.chunks.write(rows).then(

@@ -10,6 +10,9 @@ import { provision, type Tenant } from '../support/tenant.ts';
 import { testPool } from '../support/db.ts';
 import { namespaceTotals } from '../../src/db/accounting.ts';
 import { storeFrames } from '../../src/db/chunks.ts';
+import { wholeFrame } from '../../src/core/frame-delta.ts';
+
+const frameRow = (requestId: string, attempt: number, seq: number, frame: Buffer) => ({ requestId, attempt, seq, frame, stored: wholeFrame(frame) });
 
 describe('storing stream frames again', function () {
   this.timeout(60_000);
@@ -57,19 +60,19 @@ describe('storing stream frames again', function () {
       const { id, attempt } = await heldStream(pool, 'store twice');
       const before = await chunkBytes(pool);
       const frame = Buffer.from('data: {"stored":"twice"}\n\n');
-      const row = { requestId: id, attempt, seq: 1000, frame };
+      const row = frameRow(id, attempt, 1000, frame);
       const first = await storeFrames(pool, [row], 'test');
       const again = await storeFrames(pool, [row], 'test');
       expect(first.get(id)).to.deep.equal({ attempt, seq: 1000 });
       expect(again.get(id)).to.deep.equal({ attempt, seq: 1000 });
       expect(await chunkBytes(pool)).to.equal(before + frame.length);
       // Other bytes under a stored sequence number are not this flush's: they are refused.
-      const other = await storeFrames(pool, [{ ...row, frame: Buffer.from('data: {"other":1}\n\n') }], 'test');
+      const other = await storeFrames(pool, [frameRow(id, attempt, 1000, Buffer.from('data: {"other":1}\n\n'))], 'test');
       expect(other.has(id)).to.equal(false);
       // One flush may carry a discarded attempt's last frames beside the live attempt's: only the
       // live attempt's are stored, and only their bytes are counted.
-      const live = { requestId: id, attempt, seq: 1001, frame: Buffer.from('data: {"live":1}\n\n') };
-      const discarded = { requestId: id, attempt: attempt - 1, seq: 1002, frame: Buffer.from('data: {"discarded":1}\n\n') };
+      const live = frameRow(id, attempt, 1001, Buffer.from('data: {"live":1}\n\n'));
+      const discarded = frameRow(id, attempt - 1, 1002, Buffer.from('data: {"discarded":1}\n\n'));
       const mixed = await storeFrames(pool, [live, discarded], 'test');
       expect(mixed.get(id)).to.deep.equal({ attempt, seq: 1001 });
       const { rows: kept } = await pool.query<{ last_seq: number; attempt: number }>(
@@ -93,8 +96,8 @@ describe('storing stream frames again', function () {
       const frame = Buffer.from('data: {"stored":"meanwhile"}\n\n');
       // The first run, still committing: its row is written, its transaction open.
       await other.query('BEGIN');
-      await other.query('INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames) VALUES ($1, 2000, $2, $3)', [id, attempt, frame]);
-      const again = storeFrames(pool, [{ requestId: id, attempt, seq: 2000, frame }], 'test');
+      await other.query('INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, bytes) VALUES ($1, 2000, $2, $3, $4)', [id, attempt, wholeFrame(frame), frame.length]);
+      const again = storeFrames(pool, [frameRow(id, attempt, 2000, frame)], 'test');
       await new Promise((r) => setTimeout(r, 300));
       // The first run's bytes, as its statement counts them, then its commit.
       await other.query(`INSERT INTO sarsen.counter_deltas (namespace_id, chunk_bytes) VALUES ($1, $2)`, [t.namespaceId, frame.length]);

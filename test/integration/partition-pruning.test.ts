@@ -14,6 +14,7 @@ import { ENSURE_TASK_SQL } from '../../src/db/jobs.ts';
 import { ensurePartitions, listPartitions, type Partition } from '../../src/db/partitions.ts';
 import { submitBatch, isRefused, type NewRequest } from '../../src/db/submissions.ts';
 import { ATTEMPT_SQL, claimAttempts, renewLeases, settleBatch, type Terminal } from '../../src/db/attempts.ts';
+import { wholeFrame } from '../../src/core/frame-delta.ts';
 import { FRAME_SQL, storeFrames } from '../../src/db/chunks.ts';
 import { RECOVERY_SQL } from '../../src/db/recovery.ts';
 import { payloads, frameRows } from '../../src/db/export.ts';
@@ -133,7 +134,7 @@ describe('batch statements on partitioned tables', function () {
     expect([...claimed.keys()].sort()).to.deep.equal([...ids].sort());
     const renewed = await renewLeases(pool, ids.map((id) => ({ id, attempt: 1 })), 30_000);
     expect([...renewed.keys()].sort()).to.deep.equal([...ids].sort());
-    const stored = await storeFrames(pool, ids.map((id) => ({ requestId: id, attempt: 1, seq: 1, frame: Buffer.from(`data: ${id}\n\n`) })), 'wrk_p');
+    const stored = await storeFrames(pool, ids.map((id) => { const frame = Buffer.from(`data: ${id}\n\n`); return { requestId: id, attempt: 1, seq: 1, frame, stored: wholeFrame(frame) }; }), 'wrk_p');
     expect([...stored.keys()].sort()).to.deep.equal([...ids].sort());
     const answer = Buffer.from('{}');
     const settled = await settleBatch(pool, ids.map((id): Terminal => ({

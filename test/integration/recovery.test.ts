@@ -186,7 +186,7 @@ describe('surviving worker death', function () {
 
     // The dead attempt's frames are gone and the byte count matches what is stored.
     const stored = await d.pool.query(
-      `SELECT coalesce(sum(coalesce(cardinality(frame_lengths), 1)), 0)::int AS frames, coalesce(sum(octet_length(frames)), 0)::int AS bytes,
+      `SELECT coalesce(sum(coalesce(cardinality(frame_lengths), 1)), 0)::int AS frames, coalesce(sum(coalesce(bytes, octet_length(frames))), 0)::int AS bytes,
               min(attempt) AS attempt
          FROM sarsen.chunks WHERE request_id = $1`,
       [id],

@@ -3,7 +3,7 @@ WITH victims AS (
 ), discarded AS (
   DELETE FROM sarsen.chunks k USING victims v
    WHERE k.request_id = v.id AND k.request_id = ANY($1::text[]) AND k.request_id >= sarsen.least_id($1::text[]) AND k.attempt = v.attempt
-  RETURNING k.request_id, k.last_seq, octet_length(k.frames) AS bytes
+  RETURNING k.request_id, k.last_seq, coalesce(k.bytes, octet_length(k.frames)) AS bytes
 ), freed AS (
   SELECT request_id, sum(bytes) AS bytes, max(last_seq) AS last_seq FROM discarded GROUP BY request_id
 ), requeued AS (

@@ -77,8 +77,8 @@ WITH given AS (
     FROM served v JOIN sarsen.responses r ON r.request_id = v.cached_from AND r.request_id = ANY (ARRAY(SELECT cached_from FROM served))
   RETURNING 1
 ), served_frames AS (
-  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths)
-  SELECT v.id, c.last_seq, c.attempt, c.frames, c.frame_lengths
+  INSERT INTO sarsen.chunks (request_id, last_seq, attempt, frames, frame_lengths, bytes)
+  SELECT v.id, c.last_seq, c.attempt, c.frames, c.frame_lengths, c.bytes
     FROM served v JOIN sarsen.chunks c ON c.request_id = v.cached_from AND c.request_id = ANY (ARRAY(SELECT cached_from FROM served))
    WHERE c.last_seq >= v.stream_first_seq
   RETURNING 1

@@ -12,7 +12,9 @@ import { openaiList } from '../../core/vendor-api.ts';
 import {
   responseObject, responseError, terminalResponse, errorEvent, inputItems, frameSequence, ownResponseId, type ResponseStatus,
 } from '../../core/background.ts';
-import { readResponse, unpackFrames, type ResponseRow } from '../../db/background.ts';
+import { readResponse, type ResponseRow } from '../../db/background.ts';
+import { readLastFrames, frameBytes } from '../../db/chunks.ts';
+import type { ChunkRow } from '../../db/requests.ts';
 import { sweepRecord } from '../../db/retention.ts';
 import { cancelRequest } from '../../db/cancel.ts';
 import { isTerminal, requestTraceParent } from '../../db/requests.ts';
@@ -42,8 +44,11 @@ function storedBody(row: ResponseRow): JsonObject | null {
   }
 }
 
+/** A request a response id names, with a succeeded stream's last frames when a route renders it. */
+type Found = ResponseRow & { lastFrames: ChunkRow[] };
+
 /** The Response a request's state shows, as JSON text (the provider's own once it has one). */
-function renderResponse(row: ResponseRow, askedId: string): string {
+function renderResponse(row: Found, askedId: string): string {
   const body = storedBody(row);
   const own = (status: ResponseStatus, error: { code: string; message: string } | null = null) =>
     responseObject({ id: askedId, createdAtMs: idTime(row.id), status, model: row.model, body, background: body?.background === true, error });
@@ -55,9 +60,9 @@ function renderResponse(row: ResponseRow, askedId: string): string {
     case 'succeeded': {
       if (!row.streaming) return row.response_body!.toString('utf8');
       // A stream: its terminal event's `response`, byte for byte.
-      const frames = row.last_frames ? unpackFrames(row.last_frames, row.last_frame_lengths) : [];
+      const frames = row.lastFrames;
       for (let i = frames.length - 1; i >= 0; i--) {
-        const response = terminalResponse(frames[i]!.toString('utf8'));
+        const response = terminalResponse(frameBytes(frames[i]!).toString('utf8'));
         if (response !== null) return response;
       }
       return own('incomplete');
@@ -74,12 +79,16 @@ function renderResponse(row: ResponseRow, askedId: string): string {
 type Reading = { body: boolean; terminal: boolean };
 const RENDERED: Reading = { body: true, terminal: true };
 
-/** The request a response id names in the caller's namespace; 404 or 410 otherwise. */
-async function found(deps: Deps, res: Response, id: string, read: Reading): Promise<ResponseRow> {
+/**
+ * The request a response id names in the caller's namespace; 404 or 410 otherwise. `terminal`:
+ * a succeeded stream's last frames, which hold its final Response (as large as the whole answer).
+ */
+async function found(deps: Deps, res: Response, id: string, read: Reading): Promise<Found> {
   const row = await readResponse(deps.pool, serviceAuthOf(res).namespaceId, id, read);
   if (!row || row.dialect !== 'responses') throw new ServiceError('not_found', `No response with id ${JSON.stringify(id.slice(0, 100))} in this namespace.`);
   if (row.expired) throw new ServiceError('record_expired', 'The response ran, but its stored body and answer were removed (deleted, or swept by retention).');
-  return row;
+  const rendersStream = read.terminal && row.streaming && row.status === 'succeeded';
+  return { ...row, lastFrames: rendersStream ? await readLastFrames(deps.pool, row.id) : [] };
 }
 
 /** POST /responses with background and no stream: the Response as it stands, at once. */

@@ -10,6 +10,7 @@ import { ServiceError } from '../../core/errors.ts';
 import { isId } from '../../core/ids.ts';
 import { parseInstant } from '../../core/listing-filter.ts';
 import { exportPage, payloads, answerSlice, frameRows, type ExportRow, type StoredPayload } from '../../db/export.ts';
+import { createFrameReader, frameBytes, type FrameReader } from '../../db/chunks.ts';
 import { listingRow, type NamespaceScope } from './accounts.ts';
 import { send } from './streams.ts';
 
@@ -57,12 +58,16 @@ function answerFields(payload: StoredPayload): string {
 async function smallGroup(deps: Deps, res: Response, group: ExportRow[]): Promise<void> {
   const ids = group.filter((record) => !swept(record)).map((record) => record.id);
   const stored = new Map((await payloads(deps.pool, ids, INLINE_ANSWER)).map((payload) => [payload.id, payload]));
-  const frames = new Map<string, Buffer[]>();
+  const frames = new Map<string, { read: FrameReader; bytes: Buffer[] }>();
   const streamed = group.filter((record) => record.streaming && !swept(record)).map((record) => record.id);
   let after: { id: string; seq: number } | null = null;
   while (streamed.length > 0) {
     const rows = await frameRows(deps.pool, streamed, after, FRAME_ROWS);
-    for (const row of rows) (frames.get(row.request_id) ?? frames.set(row.request_id, []).get(row.request_id)!).push(row.frames);
+    for (const row of rows) {
+      let stream = frames.get(row.request_id);
+      if (!stream) frames.set(row.request_id, (stream = { read: createFrameReader(), bytes: [] }));
+      for (const f of stream.read(row)) stream.bytes.push(frameBytes(f));
+    }
     if (rows.length < FRAME_ROWS) break;
     after = { id: rows[rows.length - 1]!.request_id, seq: rows[rows.length - 1]!.last_seq };
   }
@@ -78,7 +83,7 @@ async function smallGroup(deps: Deps, res: Response, group: ExportRow[]): Promis
       const answer = payload.response_base64 ?? (await answerInPieces(deps, record.id, payload.response_length ?? 0));
       line += `${answerFields(payload)},"response_base64":"${answer.replace(/\n/g, '')}"`;
     }
-    if (record.streaming) line += `,"stream_base64":"${Buffer.concat(frames.get(record.id) ?? []).toString('base64')}"`;
+    if (record.streaming) line += `,"stream_base64":"${Buffer.concat(frames.get(record.id)?.bytes ?? []).toString('base64')}"`;
     lines.push(`${line}}\n`);
   }
   await send(res, lines.join(''));
@@ -102,10 +107,11 @@ async function largeRecord(deps: Deps, res: Response, record: ExportRow): Promis
   if (record.streaming) {
     await send(res, ',"stream_base64":"');
     const b64 = base64Stream();
+    const read = createFrameReader();
     let after: { id: string; seq: number } | null = null;
     for (;;) {
       const rows = await frameRows(deps.pool, [record.id], after, FRAME_ROWS);
-      for (const row of rows) await send(res, b64.push(row.frames));
+      for (const row of rows) await send(res, b64.push(Buffer.concat(read(row).map(frameBytes))));
       if (rows.length < FRAME_ROWS) break;
       after = { id: record.id, seq: rows[rows.length - 1]!.last_seq };
     }

@@ -96,6 +96,11 @@ export class Watch {
   private current: Mode;
   /** The last sequence number delivered. */
   private after: number;
+  /**
+   * The last frame delivered, copied out of its page: the next page's first frame may be stored
+   * as its difference from this one (readFrames).
+   */
+  private last: ChunkRow | null = null;
   /** The attempt whose frames were delivered (null before the first). */
   private following: number | null = null;
   /** The newest sequence number known to be committed (announced by an event, or seen in the table). */
@@ -200,7 +205,7 @@ export class Watch {
     this.enter(cut === -1 ? 'checking' : 'superseded');
     if (event.frames.length === 0) return null;
     this.following = attempt!;
-    this.after = event.frames[event.frames.length - 1]!.seq;
+    this.delivered(event.frames);
     this.deliveredAt = Date.now();
     return event;
   };
@@ -258,7 +263,7 @@ export class Watch {
 
   private readonly settled = (event: Frames): WatchEvent => {
     if (event.frames.length > 0) {
-      this.after = event.frames[event.frames.length - 1]!.seq;
+      this.delivered(event.frames);
       return event;
     }
     this.enter('ended');
@@ -322,12 +327,18 @@ export class Watch {
     return this.readPage();
   }
 
+  private delivered(frames: readonly ChunkRow[]): void {
+    const { seq, attempt, frame } = frames[frames.length - 1]!;
+    this.after = seq;
+    this.last = { seq, attempt, frame: typeof frame === 'string' ? Buffer.from(frame, 'latin1') : Buffer.from(frame) };
+  }
+
   private async readPage(): Promise<Frames> {
     const before = this.announced;
     const { pool } = this.deps;
     const { id } = this.request;
-    const after = this.after;
-    const { frames, more } = await this.db(() => readFrames(pool, id, after, PAGE));
+    const { after, last } = this;
+    const { frames, more } = await this.db(() => readFrames(pool, id, after, PAGE, last));
     this.readTable = more; // a full page: there may be more
     // Otherwise the table has all there is: what was announced and is missing was discarded
     // (its attempt was superseded, which the state read tells).
