@@ -1,18 +1,8 @@
 // Canonical JSON throughput versus JSON.parse + JSON.stringify (docs/performance.md "Targets":
 // target ≥ 50%). Run: npm exec -- node bench/canonical.ts
 import { parseCanonical, withTopLevelField, jsonString } from '../src/core/canonical-json.ts';
+import { prng } from '../test/support/prng.ts';
 
-// Deterministic PRNG so every run measures the same bodies.
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const WORDS = [
   'the', 'request', 'model', 'stream', 'durable', 'proxy', 'answer', 'provider', 'retry', 'token',
@@ -48,7 +38,7 @@ function schema(rnd: () => number, depth: number): Record<string, unknown> {
 const BIG_SEED = '<big-seed>';
 
 function chatBody(targetBytes: number, seed: number): string {
-  const rnd = mulberry32(seed);
+  const rnd = prng(seed);
   const tools = Array.from({ length: 6 }, (_, i) => ({
     type: 'function',
     function: { name: `tool_${i}`, description: prose(rnd, 200), parameters: schema(rnd, 3) },

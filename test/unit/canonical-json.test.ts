@@ -4,6 +4,7 @@ import {
   stringifyCanonical, topLevelBoolean, topLevelString, withTopLevelField,
 } from '../../src/core/canonical-json.ts';
 import type { JsonValue } from '../../src/core/canonical-json.ts';
+import { prng, type Rnd } from '../support/prng.ts';
 
 // ---- seeded random JSON: a tree, an independent expected canonical text, and many spellings of it
 
@@ -14,18 +15,7 @@ type Node =
   | { k: 'arr'; items: Node[] }
   | { k: 'obj'; entries: [string, Node][] };
 
-type Rnd = () => number;
 
-function mulberry32(seed: number): Rnd {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const int = (rnd: Rnd, n: number) => Math.floor(rnd() * n);
 const pick = <T>(rnd: Rnd, xs: readonly T[]): T => xs[int(rnd, xs.length)];
@@ -149,7 +139,7 @@ const hashOf = (canonicalText: string) => identityHash({ dialect: 'chat', canoni
 describe('canonical-json', () => {
   describe('random documents', () => {
     it('canonical text matches an independent model and ignores whitespace, key order and escapes', () => {
-      const rnd = mulberry32(1);
+      const rnd = prng(1);
       for (let i = 0; i < CASES; i++) {
         const node = randomNode(rnd, 4);
         const expected = canon(node);
@@ -164,7 +154,7 @@ describe('canonical-json', () => {
     });
 
     it('ignores whitespace at every place JSON allows it', () => {
-      const rnd = mulberry32(7);
+      const rnd = prng(7);
       for (let i = 0; i < CASES / 10; i++) {
         const expected = canon(randomNode(rnd, 3));
         let inString = false;
@@ -182,7 +172,7 @@ describe('canonical-json', () => {
     });
 
     it('canonical text re-parses to what JSON.parse gives for the original, and is a fixed point', () => {
-      const rnd = mulberry32(2);
+      const rnd = prng(2);
       for (let i = 0; i < CASES; i++) {
         const text = render(rnd, randomNode(rnd, 4), { ws: true, shuffle: false, escapes: true });
         const { value, text: canonical } = parseCanonical(text);
@@ -195,7 +185,7 @@ describe('canonical-json', () => {
     });
 
     it('numeric spelling, big integers and array order change the canonical text and hash', () => {
-      const rnd = mulberry32(3);
+      const rnd = prng(3);
       const pairs = [['1', '1.0'], ['1e2', '100'], ['0', '-0'], ['12345678901234567890', '12345678901234567891'], ['1e2', '1E2']];
       for (let i = 0; i < CASES / 4; i++) {
         const [x, y] = pick(rnd, pairs);
@@ -211,7 +201,7 @@ describe('canonical-json', () => {
     });
 
     it('accepts exactly what JSON.parse accepts under random single-character damage', () => {
-      const rnd = mulberry32(4);
+      const rnd = prng(4);
       const junk = ['', ',', '"', '\\', '}', ']', '{', '[', ':', '0', '-', '.', 'e', 'x', ' ', '\u0001', "'", 'n'];
       for (let i = 0; i < CASES; i++) {
         const text = render(rnd, randomNode(rnd, 3), { ws: true, shuffle: false, escapes: true });
@@ -227,7 +217,7 @@ describe('canonical-json', () => {
 
   describe('strings', () => {
     it('re-emit exactly what JSON.stringify gives, whatever the spelling', () => {
-      const rnd = mulberry32(5);
+      const rnd = prng(5);
       for (let i = 0; i < CASES; i++) {
         const s = randomString(rnd, 12);
         const { value, text } = parseCanonical(spellString(rnd, s));
@@ -252,7 +242,7 @@ describe('canonical-json', () => {
     });
 
     it('sort and de-duplicate large objects like small ones', () => {
-      const rnd = mulberry32(6);
+      const rnd = prng(6);
       for (let i = 0; i < 200; i++) {
         const entries: [string, Node][] = Array.from({ length: 10 + int(rnd, 60) }, () =>
           [randomString(rnd, 3), { k: 'num', lexeme: String(int(rnd, 100)) }]);

@@ -1,17 +1,7 @@
 import { expect } from 'chai';
 import { createFrameEncoder, decodeFrame, deltaFrame, keyframeAtOrBefore, wholeFrame, KEYFRAME_EVERY } from '../../src/core/frame-delta.ts';
+import { prng } from '../support/prng.ts';
 
-// Seeded, so a failing run can be reproduced.
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const latin1 = (b: Buffer) => b.toString('latin1');
 

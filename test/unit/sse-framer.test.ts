@@ -1,5 +1,6 @@
 import { expect } from 'chai';
 import { createFramer, frameEvent } from '../../src/core/sse-framer.ts';
+import { prng } from '../support/prng.ts';
 
 const b = (s: string): Buffer => Buffer.from(s, 'utf8');
 const strs = (frames: Buffer[]): string[] => frames.map((f) => f.toString('utf8'));
@@ -12,17 +13,6 @@ function run(pieces: (string | Buffer)[]): { frames: string[]; rest: string[] } 
   return { frames, rest: strs(framer.end()) };
 }
 
-// Small seeded PRNG so a failing fuzz run can be reproduced from its seed.
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 describe('sse-framer', () => {
   describe('createFramer', () => {
