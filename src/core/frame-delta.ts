@@ -49,39 +49,52 @@ function putVarint(at: number, value: number): number {
 
 /**
  * `frame` as the difference from `ref`, or null when that would not be shorter than storing it
- * whole. Greedy: each position of the frame takes the longest run of the reference found by the
- * hash of its first four bytes, extended backwards over the literal before it.
+ * whole. The bytes both begin and end with are copied as they are; between them, greedily, each
+ * position of the frame takes the longest run of the reference's middle found by the hash of its
+ * first four bytes, extended backwards over the literal before it.
  */
 export function deltaFrame(frame: Buffer, ref: Buffer): Buffer | null {
   const limit = frame.length; // a difference longer than the frame itself is not worth storing
   if (scratch.length < 2 * limit + 16) scratch = Buffer.allocUnsafe(2 * limit + 16);
-  heads.fill(-1);
-  for (let j = ref.length - MIN_MATCH; j >= 0; j--) heads[hashAt(ref, j)] = j; // ends holding the first position
+  const shorter = Math.min(frame.length, ref.length);
+  let head = 0;
+  while (head < shorter && frame[head] === ref[head]) head++;
+  let tail = 0;
+  while (tail < shorter - head && frame[frame.length - 1 - tail] === ref[ref.length - 1 - tail]) tail++;
+  const end = frame.length - tail; // the frame's middle is [head, end), the reference's [head, refEnd)
+  const refEnd = ref.length - tail;
   let out = 0;
   scratch[out++] = DELTA;
-  let literal = 0; // where the pending literal starts
-  let i = 0;
-  while (i + MIN_MATCH <= frame.length) {
-    let j = heads[hashAt(frame, i)]!;
-    if (j < 0 || frame[i] !== ref[j] || frame[i + 1] !== ref[j + 1] || frame[i + 2] !== ref[j + 2] || frame[i + 3] !== ref[j + 3]) {
-      i++;
-      continue;
+  let literal = head; // where the pending literal starts
+  if (head > 0) out = step(out, frame, 0, 0, 0, head);
+  if (end - head >= MIN_MATCH && refEnd - head >= MIN_MATCH) {
+    heads.fill(-1);
+    for (let j = refEnd - MIN_MATCH; j >= head; j--) heads[hashAt(ref, j)] = j; // ends holding the first position
+    let i = head;
+    while (i + MIN_MATCH <= end) {
+      let j = heads[hashAt(frame, i)]!;
+      if (j < 0 || frame[i] !== ref[j] || frame[i + 1] !== ref[j + 1] || frame[i + 2] !== ref[j + 2] || frame[i + 3] !== ref[j + 3]) {
+        i++;
+        continue;
+      }
+      let length = MIN_MATCH;
+      while (i + length < end && j + length < refEnd && frame[i + length] === ref[j + length]) length++;
+      while (i > literal && j > head && frame[i - 1] === ref[j - 1]) {
+        i--;
+        j--;
+        length++;
+      }
+      out = step(out, frame, literal, i, j, length);
+      if (out > limit) return null;
+      i += length;
+      literal = i;
     }
-    let length = MIN_MATCH;
-    while (i + length < frame.length && j + length < ref.length && frame[i + length] === ref[j + length]) length++;
-    while (i > literal && j > 0 && frame[i - 1] === ref[j - 1]) {
-      i--;
-      j--;
-      length++;
-    }
-    out = step(out, frame, literal, i, j, length);
-    if (out > limit) return null;
-    i += length;
-    literal = i;
   }
-  if (literal < frame.length || out === 1) out = step(out, frame, literal, frame.length, 0, 0);
+  if (literal < end || tail > 0 || out === 1) out = step(out, frame, literal, end, refEnd, tail);
   if (out > limit) return null;
-  return Buffer.from(scratch.subarray(0, out));
+  const delta = Buffer.allocUnsafe(out);
+  scratch.copy(delta, 0, 0, out);
+  return delta;
 }
 
 function step(out: number, frame: Buffer, from: number, to: number, copyAt: number, copyLength: number): number {

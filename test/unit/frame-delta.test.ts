@@ -56,7 +56,9 @@ describe('frame-delta', () => {
   });
 
   it('stores whole what a difference would not make smaller', () => {
-    expect(deltaFrame(Buffer.from('data: 1\n\n'), Buffer.from('event: x\ndata: 2\n\n'))).to.equal(null);
+    expect(deltaFrame(Buffer.from('event: a\n\n'), Buffer.from('data: {"b":2}\r\n\r\n'))).to.equal(null);
+    // The same frame again is a copy of all of it: three bytes and the marker.
+    expect(deltaFrame(Buffer.from('data: 1\n\n'), Buffer.from('data: 1\n\n'))).to.have.length(4);
     const encode = createFrameEncoder();
     encode(1, Buffer.from('data: abcdefgh\n\n'));
     const other = Buffer.from('event: zzz\n\n');
