@@ -1,5 +1,5 @@
 // The SQL of background responses (docs/api.md "Background responses"): the provider's response
-// ids the executor records and the one read a retrieve costs (deleting one record's payload is
+// ids the executor records and the read a retrieve costs (deleting one record's payload is
 // the retention sweep's, src/db/retention.ts sweepRecord).
 import type { Pool } from './pool.ts';
 import { prepared } from './pool.ts';
@@ -42,7 +42,8 @@ export type ResponseRow = {
 const OWN_ID = `CASE WHEN $1 LIKE 'resp\\_%' THEN 'req_' || substr($1, 6) ELSE $1 END`;
 
 // One statement whatever the state: an id is Sarsen's or, failing that, a provider's of this
-// namespace (its newest request, then that request's newest attempt).
+// namespace (its newest request, then that request's newest attempt). Rendering a succeeded
+// stream reads its last frames after it (readLastFrames: they decode from the frames before them).
 const READ = prepared(
   'sarsen_read_background_response',
   `WITH named AS (
