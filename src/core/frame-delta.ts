@@ -110,10 +110,12 @@ function step(out: number, frame: Buffer, from: number, to: number, copyAt: numb
  * difference from the frame before it.
  */
 export function createFrameEncoder(): (seq: number, frame: Buffer) => Buffer {
-  let last: { seq: number; frame: Buffer } | null = null;
+  let lastSeq = -1;
+  let last: Buffer | null = null;
   return (seq, frame) => {
-    const ref = last !== null && last.seq === seq - 1 && seq % KEYFRAME_EVERY !== 0 ? last.frame : null;
-    last = { seq, frame };
+    const ref = last !== null && lastSeq === seq - 1 && seq % KEYFRAME_EVERY !== 0 ? last : null;
+    lastSeq = seq;
+    last = frame;
     return (ref && deltaFrame(frame, ref)) ?? wholeFrame(frame);
   };
 }

@@ -96,10 +96,7 @@ export class Watch {
   private current: Mode;
   /** The last sequence number delivered. */
   private after: number;
-  /**
-   * The last frame delivered, copied out of its page: the next page's first frame may be stored
-   * as its difference from this one (readFrames).
-   */
+  /** The last frame delivered: the next page's first frame may be stored as its difference from this one (readFrames). */
   private last: ChunkRow | null = null;
   /** The attempt whose frames were delivered (null before the first). */
   private following: number | null = null;
@@ -205,7 +202,7 @@ export class Watch {
     this.enter(cut === -1 ? 'checking' : 'superseded');
     if (event.frames.length === 0) return null;
     this.following = attempt!;
-    this.delivered(event.frames);
+    this.delivered(event);
     this.deliveredAt = Date.now();
     return event;
   };
@@ -263,7 +260,7 @@ export class Watch {
 
   private readonly settled = (event: Frames): WatchEvent => {
     if (event.frames.length > 0) {
-      this.delivered(event.frames);
+      this.delivered(event);
       return event;
     }
     this.enter('ended');
@@ -327,10 +324,12 @@ export class Watch {
     return this.readPage();
   }
 
-  private delivered(frames: readonly ChunkRow[]): void {
-    const { seq, attempt, frame } = frames[frames.length - 1]!;
-    this.after = seq;
-    this.last = { seq, attempt, frame: typeof frame === 'string' ? Buffer.from(frame, 'latin1') : Buffer.from(frame) };
+  private delivered({ frames, page }: Frames): void {
+    const last = frames[frames.length - 1]!;
+    this.after = last.seq;
+    // A frame handed over in memory is its own Buffer; one read from the table is a slice of its
+    // page, which a copy lets go.
+    this.last = page ? { ...last, frame: typeof last.frame === 'string' ? Buffer.from(last.frame, 'latin1') : Buffer.from(last.frame) } : last;
   }
 
   private async readPage(): Promise<Frames> {
