@@ -32,6 +32,8 @@ export async function listen(server: net.Server, port: number, host: string, opt
 
 export type Listening = {
   url: string;
+  /** Every socket accepting for the listener: `server` itself and the ones beside it. */
+  sockets: readonly net.Server[];
   /** Stops accepting on every socket (connections already accepted carry on); once is enough. */
   close(): void;
 };
@@ -79,7 +81,10 @@ export async function listenShared(server: net.Server, port: number, host: strin
   const extra: net.Server[] = [];
   try {
     for (let i = 1; i < acceptors; i++) {
-      const acceptor = net.createServer((socket) => server.emit('connection', socket));
+      // Set up as http.Server sets up what it accepts itself: Nagle's algorithm off. Left on, a
+      // stream's second frame waited for the caller's delayed ACK of the first, up to 40 ms
+      // (docs/measurements.md "Costs measured in isolation").
+      const acceptor = net.createServer({ noDelay: true }, (socket) => server.emit('connection', socket));
       await listen(acceptor, bound, host, { reusePort: true });
       extra.push(acceptor);
     }
@@ -91,6 +96,7 @@ export async function listenShared(server: net.Server, port: number, host: strin
   let open = true;
   return {
     url,
+    sockets: [server, ...extra],
     close() {
       if (!open) return;
       open = false;

@@ -1,5 +1,6 @@
 // A serving process's listener (src/http/listen.ts): under a busy event loop it still takes a
-// burst of connections in within a few turns, and its port stays its own.
+// burst of connections in within a few turns, each set up as http.Server sets up its own, and its
+// port stays its own.
 import { expect } from 'chai';
 import net from 'node:net';
 import http from 'node:http';
@@ -71,6 +72,17 @@ describe('listening (src/http/listen.ts)', function () {
       ),
     );
     expect(answers).to.deep.equal(Array(ACCEPTORS * 4).fill('ok'));
+  });
+
+  it("sets up what every socket accepts as http.Server does its own: Nagle's algorithm off", async () => {
+    // (Node applies a listening socket's noDelay to each connection it accepts, before any
+    // 'connection' listener runs. With it off, a stream's second frame waited for the caller's
+    // delayed ACK of the first.)
+    const { server, listening } = await serve();
+    const noDelay = (s: net.Server) => (s as net.Server & { noDelay?: boolean }).noDelay;
+    expect(noDelay(server), 'http.Server itself').to.equal(true);
+    expect(listening.sockets).to.have.length(ACCEPTORS);
+    expect(listening.sockets.map(noDelay)).to.deep.equal(Array(ACCEPTORS).fill(true));
   });
 
   it('fails with EADDRINUSE when the port is taken, by a plain socket or by another shared listener', async () => {
