@@ -219,7 +219,10 @@ describe('the database link fails (fault suite)', function () {
     try {
       const s: Scenario = {
         fault: 'half-open past the lease: open connections forgotten; new ones blackholed 12 s',
-        play: async (l) => (await holdOne(), hold({ kind: 'half-open', newConnections: 'blackhole' }, 12_000)(l)),
+        play: async (l) => {
+          await holdOne();
+          return hold({ kind: 'half-open', newConnections: 'blackhole' }, 12_000)(l);
+        },
         silent: true,
       };
       await runScenario(s, 'two processes (`both`), the second faulted, mixed load over both', [processes[0]!, second], second, link);

@@ -76,8 +76,8 @@ describe('listening (src/http/listen.ts)', function () {
 
   it("sets up what every socket accepts as http.Server does its own: Nagle's algorithm off", async () => {
     // (Node applies a listening socket's noDelay to each connection it accepts, before any
-    // 'connection' listener runs. With it off, a stream's second frame waited for the caller's
-    // delayed ACK of the first.)
+    // 'connection' listener runs. Without it, Nagle's algorithm held a stream's second frame
+    // until the caller's delayed ACK of the first.)
     const { server, listening } = await serve();
     const noDelay = (s: net.Server) => (s as net.Server & { noDelay?: boolean }).noDelay;
     expect(noDelay(server), 'http.Server itself').to.equal(true);
