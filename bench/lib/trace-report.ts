@@ -1,8 +1,8 @@
 // Where a request's time went (`bench:compare --trace`), read from the spans Sarsen exports
 // (docs/operations.md "Tracing"): the benchmark receives them over OTLP/HTTP JSON, keeps each
 // request's milestones by trace, and each process's GC pauses and event-loop stalls. It prints the
-// slowest requests end to end, and where the time between milestones went for them against a
-// median request.
+// slowest requests end to end, where the time between milestones went for them against a median
+// request, and the pauses of each measured phase.
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { decodeSpans, type ExportedSpan } from '../../test/support/otlp-receiver.ts';
@@ -143,6 +143,18 @@ export function traceReport(requests: Timeline[], pauses: Pause[], windows: Trac
     .sort((a, b) => b.share - a.share);
   lines.push('', `The slowest 1% (${tail.length} requests, from ${fmt(waited(tail[tail.length - 1]!), 1)} ms) against the median request (${fmt(waited(median), 1)} ms), by segment:`);
   lines.push(table(['segment', 'requests', 'share of their time', 'p50 ms', 'max ms', 'median request ms'], rows.map((r) => [r.k, String(r.n), `${fmt(r.share * 100, 1)}%`, fmt(r.p50, 2), fmt(r.max, 1), fmt(medianSegments.get(r.k) ?? NaN, 2)])));
+  // Every pause a process recorded (src/telemetry/pauses.ts: collections from 5 ms, stalls of the
+  // loop from 20), by measured phase: each holds every live request and stream of its process at once.
+  const inPhases = windows.flatMap((w) =>
+    (['gc', 'stall'] as const).flatMap((kind) => {
+      const ms = pauses.filter((p) => p.kind === kind && p.at >= w.from && p.at <= w.to).map((p) => p.ms).sort((a, b) => a - b);
+      return ms.length === 0 ? [] : [[w.what, kind, String(ms.length), fmt((w.to - w.from) / 1000 / ms.length, 1), fmt(percentile(ms, 50), 1), fmt(ms[ms.length - 1]!, 1)]];
+    }),
+  );
+  if (inPhases.length > 0) {
+    lines.push('', 'Pauses in the measured phases (collections of 5 ms or more, stalls of the event loop of 20 ms or more):');
+    lines.push(table(['phase', 'kind', 'pauses', 'one every s', 'p50 ms', 'max ms'], inPhases));
+  }
   const long = pauses.filter((p) => p.ms >= 50).sort((a, b) => b.ms - a.ms);
   const shown = long.slice(0, 20).map((p) => `${p.kind} ${fmt(p.ms, 0)} ms (${phaseOf(p.at)}, process ${p.pid})`);
   lines.push('', `Pauses of 50 ms or more in Sarsen's processes: ${long.length}${long.length ? `, the longest: ${shown.join('; ')}` : ''}`);
