@@ -13,7 +13,11 @@
 --                 index; its lease in a row of its own, deleted at the end; its end (status,
 --                 finish, tokens, bytes and the answer) one row, indexed for the accounts;
 --   without the claim and the ledger entry, and without the body's row as well: what is left
---                 when only the records that cannot move remain, to size what each costs.
+--                 when only the records that cannot move remain, to size what each costs;
+--   claim in the body  today's, but the claim a column of the body's row (the namespace's and the
+--                 body's hash, indexed), found by a lookup that an advisory lock a hash serialises
+--                 (taken inside the statement by a PL/pgSQL function, whose own statements see what
+--                 committed before it got the lock): no claim row, nothing to release or sweep.
 -- The request tables are copied from sarsen.requests (columns, defaults, checks) and indexed as
 -- Sarsen indexes them; the others are written out below, as their migrations make them. The
 -- copies are plain tables, not partitioned: the WAL a row is the same.
@@ -43,6 +47,8 @@ CREATE INDEX ON requests (expired, namespace_id, finished_at) WHERE status IN ('
 CREATE INDEX ON requests (finished_at) WHERE expired AND status IN ('succeeded', 'failed');
 CREATE INDEX ON requests (namespace_id, cache_key, finished_at DESC) WHERE cache_key IS NOT NULL AND status = 'succeeded' AND NOT expired;
 CREATE TABLE bodies (request_id text PRIMARY KEY, body text NOT NULL);
+CREATE TABLE claimed_bodies (request_id text PRIMARY KEY, body text NOT NULL, identity bytea NOT NULL);
+CREATE INDEX ON claimed_bodies (identity);
 CREATE TABLE responses (request_id text PRIMARY KEY, status int NOT NULL, content_type text, body bytea NOT NULL);
 CREATE TABLE claims (namespace_id text NOT NULL, identity bytea NOT NULL, request_id text NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (namespace_id, identity));
 CREATE INDEX ON claims (expires_at);
@@ -64,7 +70,8 @@ CREATE INDEX ON endings (expired, namespace_id, finished_at);
 CREATE INDEX ON endings (namespace_id, request_id DESC) WHERE status = 'failed';
 CREATE SEQUENCE ids;
 
--- layout: 0 today, 1 append-only, 2 append-only without the claim and the ledger entry, 3 and without the body's row.
+-- layout: 0 today, 1 append-only, 2 append-only without the claim and the ledger entry, 3 and without the body's row,
+-- 4 today's with the claim in the body's row.
 CREATE PROCEDURE run(layout int, batches int, namespaces int) LANGUAGE plpgsql AS $$
 DECLARE
   ids text[];
@@ -73,7 +80,7 @@ BEGIN
     SELECT array_agg('req_01M8Z5KH' || lpad(to_hex(nextval('ids')), 16, '0')) INTO ids FROM generate_series(1, 16);
     CREATE TEMP TABLE IF NOT EXISTS batch (id text, namespace_id text) ON COMMIT DELETE ROWS;
     INSERT INTO batch SELECT id, 'nsp_01M8Z5KH00000000000000' || (hashtext(id) & 2147483647) % namespaces FROM unnest(ids) id;
-    IF layout = 0 THEN
+    IF layout IN (0, 4) THEN
       INSERT INTO requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, forwarded_headers, hops,
                             request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, attempt_started_at)
       SELECT id, 'ten_01M8Z5KH0000000000000000', namespace_id, 'key_01M8Z5KH0000000000000000', 'bck_01M8Z5KH0000000000000000', 'chat', false,
@@ -85,18 +92,23 @@ BEGIN
              'gpt-bench', 'gpt-bench', '[]', 0, 80, 0, 'running', 1, now(), now() FROM batch;
       INSERT INTO leases SELECT id, 'prc_01M8Z5KH0000000000000000', now() + interval '30 s' FROM batch;
     END IF;
-    IF layout < 3 THEN
+    IF layout = 4 THEN
+      INSERT INTO claimed_bodies SELECT id, '{"model":"gpt-bench","messages":[{"role":"user","content":"work 5f1c09ab ' || id || '"}]}',
+             sha256(convert_to(namespace_id || id, 'UTF8')) FROM batch;
+    ELSIF layout < 3 THEN
       INSERT INTO bodies SELECT id, '{"model":"gpt-bench","messages":[{"role":"user","content":"work 5f1c09ab ' || id || '"}]}' FROM batch;
     END IF;
     IF layout < 2 THEN
       INSERT INTO claims SELECT namespace_id, sha256(convert_to(id, 'UTF8')), id, now() + interval '10 min' FROM batch;
+    END IF;
+    IF layout < 2 OR layout = 4 THEN
       INSERT INTO ledger (tenancy_id, namespace_id, api_key_id, request_id, kind)
       SELECT 'ten_01M8Z5KH0000000000000000', namespace_id, 'key_01M8Z5KH0000000000000000', id, 'execution' FROM batch;
     END IF;
     INSERT INTO deltas (namespace_id, accepted_submissions, request_bytes) VALUES ('nsp_01M8Z5KH000000000000000', 16, 1280);
     COMMIT;
     INSERT INTO batch SELECT id, 'nsp_01M8Z5KH00000000000000' || (hashtext(id) & 2147483647) % namespaces FROM unnest(ids) id;
-    IF layout = 0 THEN
+    IF layout IN (0, 4) THEN
       UPDATE requests q SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, provider_reached = true,
              prompt_tokens = 10, completion_tokens = 20, total_tokens = 30, response_bytes = 215, seq_high = 0,
              attempt_log = '[{"attempt":1,"status":200,"ms":3}]'
@@ -126,12 +138,13 @@ END $$;
 -- A warm-up of each layout (pages and indexes past their first splits), then three rounds in turn.
 CALL measure(0, 0, :batches / 4, :namespaces);
 CALL measure(1, 0, :batches / 4, :namespaces);
-CALL measure(0, 1, :batches, :namespaces); CALL measure(1, 1, :batches, :namespaces); CALL measure(2, 1, :batches, :namespaces); CALL measure(3, 1, :batches, :namespaces);
-CALL measure(0, 2, :batches, :namespaces); CALL measure(1, 2, :batches, :namespaces); CALL measure(2, 2, :batches, :namespaces); CALL measure(3, 2, :batches, :namespaces);
-CALL measure(0, 3, :batches, :namespaces); CALL measure(1, 3, :batches, :namespaces); CALL measure(2, 3, :batches, :namespaces); CALL measure(3, 3, :batches, :namespaces);
+CALL measure(4, 0, :batches / 4, :namespaces);
+CALL measure(0, 1, :batches, :namespaces); CALL measure(1, 1, :batches, :namespaces); CALL measure(2, 1, :batches, :namespaces); CALL measure(3, 1, :batches, :namespaces); CALL measure(4, 1, :batches, :namespaces);
+CALL measure(0, 2, :batches, :namespaces); CALL measure(1, 2, :batches, :namespaces); CALL measure(2, 2, :batches, :namespaces); CALL measure(3, 2, :batches, :namespaces); CALL measure(4, 2, :batches, :namespaces);
+CALL measure(0, 3, :batches, :namespaces); CALL measure(1, 3, :batches, :namespaces); CALL measure(2, 3, :batches, :namespaces); CALL measure(3, 3, :batches, :namespaces); CALL measure(4, 3, :batches, :namespaces);
 
 SELECT CASE results.layout WHEN 0 THEN 'today' WHEN 1 THEN 'append-only' WHEN 2 THEN 'append-only, no claim or ledger entry'
-                   ELSE 'append-only, no claim, ledger entry or body row' END AS layout,
+                   WHEN 3 THEN 'append-only, no claim, ledger entry or body row' ELSE 'today''s, the claim in the body''s row' END AS layout,
        string_agg(wal_a_request::text, ' · ' ORDER BY round) AS "WAL a request, by round",
        round(percentile_cont(0.5) WITHIN GROUP (ORDER BY wal_a_request)::numeric / (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY wal_a_request) FROM results WHERE layout = 0 AND round > 0)::numeric, 2) AS "× today"
   FROM results WHERE round > 0 GROUP BY results.layout ORDER BY results.layout;
