@@ -24,7 +24,8 @@ const agent = new http.Agent({ keepAlive: true, maxSockets: Infinity });
 
 const TABLE = 'CREATE TABLE IF NOT EXISTS relay_records (id bigserial PRIMARY KEY, body bytea NOT NULL)';
 const STORE = { name: 'relay_store', text: 'INSERT INTO relay_records (body) VALUES ($1)' };
-const pool = args.database ? new pg.Pool({ ...(JSON.parse(args.database) as pg.PoolConfig), max: 4 }) : null;
+// A connection a concurrent caller, as many as a benchmark level opens.
+const pool = args.database ? new pg.Pool({ ...(JSON.parse(args.database) as pg.PoolConfig), max: 64 }) : null;
 pool?.on('error', () => undefined);
 if (pool) await pool.query(TABLE);
 
