@@ -17,7 +17,16 @@
 --   claim in the body  today's, but the claim a column of the body's row (the namespace's and the
 --                 body's hash, indexed), found by a lookup that an advisory lock a hash serialises
 --                 (taken inside the statement by a PL/pgSQL function, whose own statements see what
---                 committed before it got the lock): no claim row, nothing to release or sweep.
+--                 committed before it got the lock): no claim row, nothing to release or sweep;
+--   the end a HOT update  today's tables, but no index names a column the end changes (status,
+--                 finish, lease), so the end updates the row in its page and adds no index entry:
+--                 the lease found by its owner (an index on the owner, set at acceptance and left
+--                 at the end), the finished and failed records by the ledger entry, which the end
+--                 writes anyway. The request table's fill factor is 50 (psql -v fillfactor=N):
+--                 a batch inserts its rows together and ends them together, so a page needs room
+--                 for a second version of each;
+--   append-only, the claim in the body  the leanest that still writes everything a request keeps:
+--                 the request row once, the claim in the body's row, the ledger entry of its own.
 -- The request tables are copied from sarsen.requests (columns, defaults, checks) and indexed as
 -- Sarsen indexes them; the others are written out below, as their migrations make them. The
 -- copies are plain tables, not partitioned: the WAL a row is the same.
@@ -26,6 +35,7 @@
 -- psql -v batches=N -v namespaces=N to change them (transactions of 16 requests a layout and round; namespaces they spread over).
 \if :{?batches} \else \set batches 600 \endif
 \if :{?namespaces} \else \set namespaces 50 \endif
+\if :{?fillfactor} \else \set fillfactor 50 \endif
 SET client_min_messages = warning;
 DROP SCHEMA IF EXISTS layout_probe CASCADE;
 CREATE SCHEMA layout_probe;
@@ -46,6 +56,8 @@ CREATE INDEX ON requests (namespace_id, id DESC) WHERE status = 'failed';
 CREATE INDEX ON requests (expired, namespace_id, finished_at) WHERE status IN ('succeeded', 'failed');
 CREATE INDEX ON requests (finished_at) WHERE expired AND status IN ('succeeded', 'failed');
 CREATE INDEX ON requests (namespace_id, cache_key, finished_at DESC) WHERE cache_key IS NOT NULL AND status = 'succeeded' AND NOT expired;
+CREATE TABLE requests_hot (LIKE requests_once INCLUDING ALL) WITH (fillfactor = :fillfactor);
+CREATE INDEX ON requests_hot (lease_owner, id);
 CREATE TABLE bodies (request_id text PRIMARY KEY, body text NOT NULL);
 CREATE TABLE claimed_bodies (request_id text PRIMARY KEY, body text NOT NULL, identity bytea NOT NULL);
 CREATE INDEX ON claimed_bodies (identity);
@@ -57,6 +69,7 @@ CREATE TABLE ledger (id bigserial, tenancy_id text NOT NULL, namespace_id text N
   amount_micros bigint NOT NULL DEFAULT 0, created_at timestamptz NOT NULL DEFAULT now());
 CREATE INDEX ON ledger (namespace_id, created_at) INCLUDE (api_key_id);
 CREATE INDEX ON ledger (tenancy_id, id DESC);
+CREATE INDEX ON ledger (namespace_id, request_id DESC) WHERE kind = 'failed';
 CREATE TABLE deltas (LIKE sarsen.counter_deltas INCLUDING DEFAULTS);
 
 -- The append-only layout (its request row is requests_once, above).
@@ -71,7 +84,7 @@ CREATE INDEX ON endings (namespace_id, request_id DESC) WHERE status = 'failed';
 CREATE SEQUENCE ids;
 
 -- layout: 0 today, 1 append-only, 2 append-only without the claim and the ledger entry, 3 and without the body's row,
--- 4 today's with the claim in the body's row.
+-- 4 today's with the claim in the body's row, 5 today's with the end a HOT update, 6 append-only with the claim in the body's row.
 CREATE PROCEDURE run(layout int, batches int, namespaces int) LANGUAGE plpgsql AS $$
 DECLARE
   ids text[];
@@ -80,7 +93,12 @@ BEGIN
     SELECT array_agg('req_01M8Z5KH' || lpad(to_hex(nextval('ids')), 16, '0')) INTO ids FROM generate_series(1, 16);
     CREATE TEMP TABLE IF NOT EXISTS batch (id text, namespace_id text) ON COMMIT DELETE ROWS;
     INSERT INTO batch SELECT id, 'nsp_01M8Z5KH00000000000000' || (hashtext(id) & 2147483647) % namespaces FROM unnest(ids) id;
-    IF layout IN (0, 4) THEN
+    IF layout = 5 THEN
+      INSERT INTO requests_hot (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, forwarded_headers, hops,
+                                request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, attempt_started_at)
+      SELECT id, 'ten_01M8Z5KH0000000000000000', namespace_id, 'key_01M8Z5KH0000000000000000', 'bck_01M8Z5KH0000000000000000', 'chat', false,
+             'gpt-bench', 'gpt-bench', '[]', 0, 80, 0, 'running', 1, 'prc_01M8Z5KH0000000000000000', now() + interval '30 s', now(), now() FROM batch;
+    ELSIF layout IN (0, 4) THEN
       INSERT INTO requests (id, tenancy_id, namespace_id, api_key_id, backend_id, dialect, streaming, model, upstream_model, forwarded_headers, hops,
                             request_bytes, cost_micros, status, attempts, lease_owner, lease_expires_at, started_at, attempt_started_at)
       SELECT id, 'ten_01M8Z5KH0000000000000000', namespace_id, 'key_01M8Z5KH0000000000000000', 'bck_01M8Z5KH0000000000000000', 'chat', false,
@@ -92,27 +110,34 @@ BEGIN
              'gpt-bench', 'gpt-bench', '[]', 0, 80, 0, 'running', 1, now(), now() FROM batch;
       INSERT INTO leases SELECT id, 'prc_01M8Z5KH0000000000000000', now() + interval '30 s' FROM batch;
     END IF;
-    IF layout = 4 THEN
+    IF layout IN (4, 6) THEN
       INSERT INTO claimed_bodies SELECT id, '{"model":"gpt-bench","messages":[{"role":"user","content":"work 5f1c09ab ' || id || '"}]}',
              sha256(convert_to(namespace_id || id, 'UTF8')) FROM batch;
-    ELSIF layout < 3 THEN
+    ELSIF layout < 3 OR layout = 5 THEN
       INSERT INTO bodies SELECT id, '{"model":"gpt-bench","messages":[{"role":"user","content":"work 5f1c09ab ' || id || '"}]}' FROM batch;
     END IF;
-    IF layout < 2 THEN
+    IF layout < 2 OR layout = 5 THEN
       INSERT INTO claims SELECT namespace_id, sha256(convert_to(id, 'UTF8')), id, now() + interval '10 min' FROM batch;
     END IF;
-    IF layout < 2 OR layout = 4 THEN
+    IF layout < 2 OR layout >= 4 THEN
       INSERT INTO ledger (tenancy_id, namespace_id, api_key_id, request_id, kind)
       SELECT 'ten_01M8Z5KH0000000000000000', namespace_id, 'key_01M8Z5KH0000000000000000', id, 'execution' FROM batch;
     END IF;
     INSERT INTO deltas (namespace_id, accepted_submissions, request_bytes) VALUES ('nsp_01M8Z5KH000000000000000', 16, 1280);
     COMMIT;
     INSERT INTO batch SELECT id, 'nsp_01M8Z5KH00000000000000' || (hashtext(id) & 2147483647) % namespaces FROM unnest(ids) id;
-    IF layout IN (0, 4) THEN
+    IF layout = 5 THEN
+      UPDATE requests_hot q SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, provider_reached = true,
+             prompt_tokens = 10, completion_tokens = 20, total_tokens = 30, response_bytes = 215, seq_high = 0,
+             attempt_log = '[{"attempt":1,"status":200,"ms":3}]'
+       WHERE q.id = ANY (ids);
+    ELSIF layout IN (0, 4) THEN
       UPDATE requests q SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, provider_reached = true,
              prompt_tokens = 10, completion_tokens = 20, total_tokens = 30, response_bytes = 215, seq_high = 0,
              attempt_log = '[{"attempt":1,"status":200,"ms":3}]'
        WHERE q.id = ANY (ids);
+    END IF;
+    IF layout IN (0, 4, 5) THEN
       INSERT INTO responses SELECT id, 200, 'application/json',
              convert_to(rpad('{"id":"chatcmpl-' || id || '","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"', 200, 'x') || '"}}]}', 'UTF8') FROM batch;
     ELSE
@@ -139,15 +164,19 @@ END $$;
 CALL measure(0, 0, :batches / 4, :namespaces);
 CALL measure(1, 0, :batches / 4, :namespaces);
 CALL measure(4, 0, :batches / 4, :namespaces);
-CALL measure(0, 1, :batches, :namespaces); CALL measure(1, 1, :batches, :namespaces); CALL measure(2, 1, :batches, :namespaces); CALL measure(3, 1, :batches, :namespaces); CALL measure(4, 1, :batches, :namespaces);
-CALL measure(0, 2, :batches, :namespaces); CALL measure(1, 2, :batches, :namespaces); CALL measure(2, 2, :batches, :namespaces); CALL measure(3, 2, :batches, :namespaces); CALL measure(4, 2, :batches, :namespaces);
-CALL measure(0, 3, :batches, :namespaces); CALL measure(1, 3, :batches, :namespaces); CALL measure(2, 3, :batches, :namespaces); CALL measure(3, 3, :batches, :namespaces); CALL measure(4, 3, :batches, :namespaces);
+CALL measure(5, 0, :batches / 4, :namespaces);
+CALL measure(6, 0, :batches / 4, :namespaces);
+CALL measure(0, 1, :batches, :namespaces); CALL measure(1, 1, :batches, :namespaces); CALL measure(2, 1, :batches, :namespaces); CALL measure(3, 1, :batches, :namespaces); CALL measure(4, 1, :batches, :namespaces); CALL measure(5, 1, :batches, :namespaces); CALL measure(6, 1, :batches, :namespaces);
+CALL measure(0, 2, :batches, :namespaces); CALL measure(1, 2, :batches, :namespaces); CALL measure(2, 2, :batches, :namespaces); CALL measure(3, 2, :batches, :namespaces); CALL measure(4, 2, :batches, :namespaces); CALL measure(5, 2, :batches, :namespaces); CALL measure(6, 2, :batches, :namespaces);
+CALL measure(0, 3, :batches, :namespaces); CALL measure(1, 3, :batches, :namespaces); CALL measure(2, 3, :batches, :namespaces); CALL measure(3, 3, :batches, :namespaces); CALL measure(4, 3, :batches, :namespaces); CALL measure(5, 3, :batches, :namespaces); CALL measure(6, 3, :batches, :namespaces);
 
 SELECT CASE results.layout WHEN 0 THEN 'today' WHEN 1 THEN 'append-only' WHEN 2 THEN 'append-only, no claim or ledger entry'
-                   WHEN 3 THEN 'append-only, no claim, ledger entry or body row' ELSE 'today''s, the claim in the body''s row' END AS layout,
+                   WHEN 3 THEN 'append-only, no claim, ledger entry or body row' WHEN 4 THEN 'today''s, the claim in the body''s row' WHEN 5 THEN 'today''s, the end a HOT update' ELSE 'append-only, the claim in the body''s row' END AS layout,
        string_agg(wal_a_request::text, ' · ' ORDER BY round) AS "WAL a request, by round",
        round(percentile_cont(0.5) WITHIN GROUP (ORDER BY wal_a_request)::numeric / (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY wal_a_request) FROM results WHERE layout = 0 AND round > 0)::numeric, 2) AS "× today"
   FROM results WHERE round > 0 GROUP BY results.layout ORDER BY results.layout;
+
+SELECT n_tup_upd AS "the HOT layout's ends", n_tup_hot_upd AS "of which HOT" FROM pg_stat_user_tables WHERE relid = 'requests_hot'::regclass;
 
 RESET search_path;
 DROP SCHEMA layout_probe CASCADE;
