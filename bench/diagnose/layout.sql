@@ -161,14 +161,14 @@ BEGIN
 END $$;
 
 -- A warm-up of each layout (pages and indexes past their first splits), then three rounds in turn.
-CALL measure(0, 0, :batches / 4, :namespaces);
-CALL measure(1, 0, :batches / 4, :namespaces);
-CALL measure(4, 0, :batches / 4, :namespaces);
-CALL measure(5, 0, :batches / 4, :namespaces);
-CALL measure(6, 0, :batches / 4, :namespaces);
-CALL measure(0, 1, :batches, :namespaces); CALL measure(1, 1, :batches, :namespaces); CALL measure(2, 1, :batches, :namespaces); CALL measure(3, 1, :batches, :namespaces); CALL measure(4, 1, :batches, :namespaces); CALL measure(5, 1, :batches, :namespaces); CALL measure(6, 1, :batches, :namespaces);
-CALL measure(0, 2, :batches, :namespaces); CALL measure(1, 2, :batches, :namespaces); CALL measure(2, 2, :batches, :namespaces); CALL measure(3, 2, :batches, :namespaces); CALL measure(4, 2, :batches, :namespaces); CALL measure(5, 2, :batches, :namespaces); CALL measure(6, 2, :batches, :namespaces);
-CALL measure(0, 3, :batches, :namespaces); CALL measure(1, 3, :batches, :namespaces); CALL measure(2, 3, :batches, :namespaces); CALL measure(3, 3, :batches, :namespaces); CALL measure(4, 3, :batches, :namespaces); CALL measure(5, 3, :batches, :namespaces); CALL measure(6, 3, :batches, :namespaces);
+CREATE PROCEDURE rounds(batches int, namespaces int) LANGUAGE plpgsql AS $$
+BEGIN
+  FOR layout IN 0..6 LOOP CALL measure(layout, 0, batches / 4, namespaces); END LOOP;
+  FOR round IN 1..3 LOOP
+    FOR layout IN 0..6 LOOP CALL measure(layout, round, batches, namespaces); END LOOP;
+  END LOOP;
+END $$;
+CALL rounds(:batches, :namespaces);
 
 SELECT CASE results.layout WHEN 0 THEN 'today' WHEN 1 THEN 'append-only' WHEN 2 THEN 'append-only, no claim or ledger entry'
                    WHEN 3 THEN 'append-only, no claim, ledger entry or body row' WHEN 4 THEN 'today''s, the claim in the body''s row' WHEN 5 THEN 'today''s, the end a HOT update' ELSE 'append-only, the claim in the body''s row' END AS layout,
