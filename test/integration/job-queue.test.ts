@@ -18,6 +18,8 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
   let pool: pg.Pool;
   let queuePool: pg.Pool;
   let queue: JobQueue | null = null;
+  // The release of each job the test holds running, by key.
+  const holds = new Map<string, () => void>();
 
   before(async () => {
     db = await createTestDatabase();
@@ -25,6 +27,8 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
     queuePool = testPool(db.conn, 3);
   });
   after(async () => {
+    // A failed run leaves jobs held; the queue stops only once they end.
+    for (const release of holds.values()) release();
     await queue?.stop();
     await queuePool?.end();
     await pool?.end();
@@ -39,14 +43,18 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
   it('runs new jobs while the old pool still runs its own, then frees what the old pool left locked and unlists it', async () => {
     // Each run of a job, by key; a job keyed `req_held*` runs, the first time, until the test lets it end.
     const runs: string[] = [];
-    const holds = new Map<string, () => void>();
     const pools: string[] = [];
+    // The pools whose LISTEN for graphile-worker's 'jobs:insert' is in place: a job added before
+    // then waits for the minute's poll. The event comes as the LISTEN is sent; a query on the same
+    // connection answers once it took effect.
+    const listening = new Set<string>();
     // The pools listed as this process's, as src/db/liveness.ts keeps them.
     const listed = new Set<string>();
     let started = 0;
     queue = await superviseQueue(
       (events: WorkerEvents) => {
         events.on('pool:create', ({ workerPool }) => pools.push(workerPool.id));
+        events.on('pool:listen:success', ({ workerPool, client }) => void client.query('SELECT 1').then(() => listening.add(workerPool.id), () => undefined));
         started++;
         return run({
           ...queueOptions(2),
@@ -64,7 +72,7 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
       queuePool,
       { add: async (id) => void listed.add(id), drop: async (id) => void listed.delete(id) },
     );
-    await until(async () => (pools.length === 1 ? true : undefined), 30_000);
+    await until(async () => (pools.length === 1 && listening.has(pools[0]) ? true : undefined), 30_000);
 
     // Two long jobs in the first pool; completing either fails, as it does when the database is
     // gone (here a trigger refuses their deletion).
@@ -79,7 +87,7 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
     // The first ends; its completion fails and graphile-worker shuts the pool down, which waits
     // for the second.
     holds.get('req_held1')!();
-    await until(async () => (pools.length === 2 ? true : undefined), 30_000);
+    await until(async () => (pools.length === 2 && listening.has(pools[1]) ? true : undefined), 30_000);
 
     // The new pool takes a new job while the old one still runs the second.
     await addJob('req_new');
