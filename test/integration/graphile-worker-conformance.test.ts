@@ -9,6 +9,7 @@ import type pg from 'pg';
 import { run, type Job, type Runner, type WorkerEvents } from 'graphile-worker';
 import { createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
 import { until } from '../support/http.ts';
+import { onListening } from '../support/job-pools.ts';
 import {
   EXECUTE_REQUEST,
   GRAPHILE_WORKER_MIGRATIONS,
@@ -150,10 +151,8 @@ describe('graphile-worker conformance of the direct job writes (src/db/jobs.ts)'
 
     before(async () => {
       const events: WorkerEvents = new EventEmitter() as WorkerEvents;
-      let listening!: () => void;
       let fetchedNothing!: () => void;
-      const ready = Promise.all([new Promise<void>((r) => (listening = r)), new Promise<void>((r) => (fetchedNothing = r))]);
-      events.on('pool:listen:success', () => listening());
+      const ready = Promise.all([new Promise<void>((r) => onListening(events, () => r())), new Promise<void>((r) => (fetchedNothing = r))]);
       events.on('localQueue:getJobs:complete', ({ jobs }) => jobs.length === 0 && fetchedNothing());
       events.on('job:error', ({ job, error }) => failures.push(`${job.key}: ${String(error)}`));
       runner = await run({
@@ -171,13 +170,6 @@ describe('graphile-worker conformance of the direct job writes (src/db/jobs.ts)'
         },
       });
       await ready;
-      // graphile-worker announces its listener before its LISTEN has run: wait until it has.
-      await until(async () => {
-        const { rows } = await pool.query(
-          `SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle' AND query LIKE 'LISTEN "jobs:insert"%'`,
-        );
-        return rows.length > 0 ? true : undefined;
-      }, 30_000);
     });
     after(async () => {
       for (const g of gates.values()) g.release();

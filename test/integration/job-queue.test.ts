@@ -9,6 +9,7 @@ import type pg from 'pg';
 import { run, type WorkerEvents } from 'graphile-worker';
 import { createTestDatabase, testPool, type TestDatabase } from '../support/db.ts';
 import { until } from '../support/http.ts';
+import { onListening } from '../support/job-pools.ts';
 import { EXECUTE_REQUEST } from '../../src/db/jobs.ts';
 import { queueOptions, superviseQueue, type JobQueue } from '../../src/executor/worker.ts';
 
@@ -44,9 +45,7 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
     // Each run of a job, by key; a job keyed `req_held*` runs, the first time, until the test lets it end.
     const runs: string[] = [];
     const pools: string[] = [];
-    // The pools whose LISTEN for graphile-worker's 'jobs:insert' is in place: a job added before
-    // then waits for the minute's poll. The event comes as the LISTEN is sent; a query on the same
-    // connection answers once it took effect.
+    // The pools whose LISTEN for new jobs is in effect: a job added before then waits for the minute's poll.
     const listening = new Set<string>();
     // The pools listed as this process's, as src/db/liveness.ts keeps them.
     const listed = new Set<string>();
@@ -54,7 +53,7 @@ describe('job queue: a worker pool graphile-worker shuts down is replaced at onc
     queue = await superviseQueue(
       (events: WorkerEvents) => {
         events.on('pool:create', ({ workerPool }) => pools.push(workerPool.id));
-        events.on('pool:listen:success', ({ workerPool, client }) => void client.query('SELECT 1').then(() => listening.add(workerPool.id), () => undefined));
+        onListening(events, (id) => listening.add(id));
         started++;
         return run({
           ...queueOptions(2),
